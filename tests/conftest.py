@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from helpers import VERSION_PY, build_series  # noqa: E402
+
+BASE = {
+    "vllm/_version.py": VERSION_PY,
+    "vllm/a.py": b"".join(f"line {i}\n".encode() for i in range(1, 41)),
+    "vllm/b.py": b"def f():\n    return 1\n\n\ndef g():\n    return 2\n",
+    "vllm/dup.py": b"x = 1\ny = 2\nz = 3\nq = 0\nx = 1\ny = 2\nz = 3\n",
+}
+
+
+@pytest.fixture
+def base_files() -> dict[str, bytes]:
+    return dict(BASE)
+
+
+@pytest.fixture
+def tree(tmp_path: Path, base_files) -> Path:
+    """A small synthetic vLLM tree."""
+    root = tmp_path / "tree"
+    for rel, data in base_files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return root
+
+
+def edit(data: bytes, old: bytes, new: bytes) -> bytes:
+    assert data.count(old) == 1, old
+    return data.replace(old, new)
+
+
+@pytest.fixture
+def two_patch_series(tmp_path: Path, base_files) -> Path:
+    """Two patches: one edits a.py and b.py and adds a new module, the next edits a.py again."""
+    a1 = edit(base_files["vllm/a.py"], b"line 10\n", b"line 10 patched\n")
+    b1 = edit(base_files["vllm/b.py"], b"return 1\n", b"return 11\n")
+    a2 = edit(a1, b"line 30\n", b"line 30 patched\nline 30b added\n")
+    return build_series(tmp_path / "series1", base_files, [
+        ("first fix", {"vllm/a.py": a1, "vllm/b.py": b1, "vllm/new_kernel.py": b"KERNEL = 1\n"}),
+        ("second fix", {"vllm/a.py": a2}),
+    ])

@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+import pytest
+from helpers import git, git_repo, snapshot
+
+from vllm_patch import operations
+from vllm_patch.errors import PinMismatch, TargetError
+from vllm_patch.series import load_series
+from vllm_patch.targets import CheckoutTarget, open_target
+
+
+@pytest.fixture
+def checkout(tmp_path, base_files):
+    files = {k: v for k, v in base_files.items() if k != "vllm/_version.py"}
+    return git_repo(tmp_path / "checkout", files, tag="v0.20.0")
+
+
+def log(root):
+    return git(root, "log", "--format=%s|%an").decode().splitlines()
+
+
+def test_apply_with_commit_makes_one_commit_per_patch(checkout, two_patch_series):
+    series = load_series(two_patch_series)
+    assert isinstance(open_target(str(checkout)), CheckoutTarget)
+    out = operations.apply(CheckoutTarget(checkout), series, commit_each=True)
+    assert out.ok
+    assert log(checkout)[:2] == ["second fix|Test Author", "first fix|Test Author"]
+    assert git(checkout, "status", "--porcelain") == b""
+    assert operations.status(CheckoutTarget(checkout), series).verdict == "applied"
+    operations.revert(CheckoutTarget(checkout), series, commit_each=True)
+    assert log(checkout)[0].startswith('Revert "first fix"')
+    assert git(checkout, "diff", "v0.20.0", "HEAD") == b""
+    assert git(checkout, "status", "--porcelain") == b""
+
+
+def test_apply_without_commit_leaves_changes_in_the_work_tree(checkout, two_patch_series):
+    before = snapshot(checkout)
+    operations.apply(CheckoutTarget(checkout), load_series(two_patch_series))
+    assert git(checkout, "rev-parse", "HEAD") == git(checkout, "rev-parse", "v0.20.0")
+    assert b"vllm/a.py" in git(checkout, "status", "--porcelain")
+    operations.revert(CheckoutTarget(checkout), load_series(two_patch_series))
+    assert snapshot(checkout) == before
+
+
+def test_dirty_touched_file_is_refused(checkout, two_patch_series):
+    (checkout / "vllm/b.py").write_bytes(b"def f():\n    return 1\n\n\ndef g():\n    return 2\n# wip\n")
+    before = snapshot(checkout)
+    with pytest.raises(TargetError, match="uncommitted changes"):
+        operations.apply(CheckoutTarget(checkout), load_series(two_patch_series))
+    assert snapshot(checkout) == before
+
+
+def test_head_elsewhere_is_a_pin_mismatch(checkout, two_patch_series):
+    git(checkout, "tag", "-d", "v0.20.0")
+    with pytest.raises(PinMismatch, match="neither tag v0.20.0 nor commit"):
+        operations.apply(CheckoutTarget(checkout), load_series(two_patch_series))
+    git(checkout, "tag", "v0.20.0")
+    git(checkout, "checkout", "-q", "--orphan", "other")
+    git(checkout, "commit", "-q", "-m", "unrelated")
+    with pytest.raises(PinMismatch, match="not v0.20.0"):
+        operations.apply(CheckoutTarget(checkout), load_series(two_patch_series))
+
+
+def test_killed_commit_run_rolls_back_files_and_head(checkout, two_patch_series):
+    import os
+    import subprocess
+    import sys
+    head = git(checkout, "rev-parse", "HEAD")
+    before = snapshot(checkout)
+    script = ("import sys; from pathlib import Path; from vllm_patch import operations; "
+              "from vllm_patch.series import load_series; from vllm_patch.targets import CheckoutTarget; "
+              "operations.apply(CheckoutTarget(Path(sys.argv[1])), load_series(Path(sys.argv[2])), "
+              "commit_each=True)")
+    proc = subprocess.run([sys.executable, "-c", script, str(checkout), str(two_patch_series)],
+                          env={**os.environ, "VLLM_PATCH_FAULT_AFTER_WRITES": "2"})
+    assert proc.returncode == -9
+    out = operations.status(CheckoutTarget(checkout), load_series(two_patch_series))
+    assert "rolled back" in out.recovered
+    assert snapshot(checkout) == before and git(checkout, "rev-parse", "HEAD") == head

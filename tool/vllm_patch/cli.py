@@ -1,0 +1,192 @@
+"""The ``vllm-patch`` command line."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from . import __version__, operations, report
+from .errors import EXIT_OK, EXIT_PATCH_FAILED, EXIT_USAGE, VllmPatchError
+from .operations import PatchFailedWith
+from .series import Series, find_series_root, load_series
+from .targets import KINDS, open_target
+from .targets.base import Target
+from .upstream import pinned_base_tree
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _series(ctx: click.Context) -> Series:
+    root = ctx.obj.get("series_dir") or find_series_root()
+    return load_series(Path(root))
+
+
+def handle_errors(fn):
+    """Turn every known error into its one-line message and exit code, never a traceback."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        as_json = kwargs.get("as_json", False)
+        try:
+            return fn(*args, **kwargs)
+        except PatchFailedWith as exc:
+            if as_json:
+                report.print_json(report.outcome_dict(exc.outcome) | {"error": exc.message})
+            else:
+                report.print_outcome(exc.outcome, out)
+                err.print(f"error: {exc.message}", markup=False)
+            sys.exit(exc.exit_code)
+        except VllmPatchError as exc:
+            if as_json:
+                report.print_json({"error": exc.message, "exit_code": exc.exit_code})
+            err.print(f"error: {exc.message}", markup=False)
+            sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            err.print("interrupted: any partial write was rolled back", markup=False)
+            sys.exit(130)
+    return wrapper
+
+
+def target_options(fn):
+    """Options shared by the commands that act on a target."""
+    options = [
+        click.option("--target", "target_spec", metavar="PATH|site-packages",
+                     help="A vLLM git checkout, a site-packages dir or unpacked wheel, a source tree, "
+                          "or 'site-packages' for this interpreter's installed vLLM."),
+        click.option("--python", "python", metavar="EXE",
+                     help="Act on the vLLM installed for another interpreter (e.g. a venv's python)."),
+        click.option("--kind", type=click.Choice(KINDS), default="auto", show_default=True,
+                     help="Treat the target as this kind instead of guessing it."),
+        click.option("--wait", type=float, default=30.0, show_default=True,
+                     help="Seconds to wait for another run's lock on the target."),
+        click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _open(target_spec: str | None, python: str | None, kind: str) -> Target:
+    if not target_spec and not python:
+        raise click.UsageError("give --target PATH (or 'site-packages') or --python EXE")
+    return open_target(target_spec or "", kind, python)
+
+
+def _emit(outcome: operations.Outcome, as_json: bool) -> None:
+    if as_json:
+        report.print_json(report.outcome_dict(outcome))
+    else:
+        report.print_outcome(outcome, out)
+
+
+def _waiting() -> None:
+    err.print("waiting for another vllm-patch run on this target to finish...")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--series", "series_dir", type=click.Path(file_okay=False, path_type=Path),
+              envvar="VLLM_PATCH_SERIES", help="Directory holding 'series' and 'patches/'.")
+@click.version_option(__version__, prog_name="vllm-patch")
+@click.pass_context
+def main(ctx: click.Context, series_dir: Path | None) -> None:
+    """Check, apply, revert and package a pinned series of fixes for vLLM.
+
+    Exit codes: 0 as asked; 1 a patch does not check, apply or revert (nothing
+    was changed); 2 a usage or environment error (nothing was changed).
+    """
+    ctx.ensure_object(dict)
+    ctx.obj["series_dir"] = series_dir
+
+
+@main.command("series")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.pass_context
+@handle_errors
+def series_cmd(ctx: click.Context, as_json: bool) -> None:
+    """Show the pin and the patches with their headers."""
+    series = _series(ctx)
+    if as_json:
+        report.print_json(report.series_dict(series))
+    else:
+        report.print_series(series, out)
+
+
+@main.command()
+@click.option("--base", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="A pristine vLLM checkout or source tree (default: the pinned PyPI sdist, cached).")
+@click.option("--force", is_flag=True, help="Check even if the base is not the pinned release.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.pass_context
+@handle_errors
+def check(ctx: click.Context, base: Path | None, force: bool, as_json: bool) -> None:
+    """Check that every anchor is unique and the series applies cleanly on the pinned base."""
+    series = _series(ctx)
+    root = base if base else pinned_base_tree(series.pin, quiet=as_json)
+    kind = "auto" if base else "tree"
+    target = open_target(str(root), kind)
+    outcome = operations.check(target, series, force)
+    _emit(outcome, as_json)
+    sys.exit(EXIT_OK if outcome.ok else EXIT_PATCH_FAILED)
+
+
+@main.command()
+@target_options
+@click.option("--dry-run", is_flag=True, help="Compute and report, write nothing.")
+@click.option("--force", is_flag=True, help="Apply even if the target is not the pinned vLLM release.")
+@click.option("--commit", "commit_each", is_flag=True, help="Checkout: make one commit per patch.")
+@click.pass_context
+@handle_errors
+def apply(ctx, target_spec, python, kind, wait, as_json, dry_run, force, commit_each) -> None:
+    """Apply the series to a target, all or nothing (idempotent)."""
+    series = _series(ctx)
+    target = _open(target_spec, python, kind)
+    outcome = operations.apply(target, series, dry_run, force, commit_each, wait, _waiting)
+    _emit(outcome, as_json)
+
+
+@main.command()
+@target_options
+@click.option("--dry-run", is_flag=True, help="Compute and report, write nothing.")
+@click.option("--force", is_flag=True, help="Revert even if the target is not the pinned vLLM release.")
+@click.option("--commit", "commit_each", is_flag=True, help="Checkout: make one revert commit per patch.")
+@click.pass_context
+@handle_errors
+def revert(ctx, target_spec, python, kind, wait, as_json, dry_run, force, commit_each) -> None:
+    """Revert every applied patch, restoring the original bytes."""
+    series = _series(ctx)
+    target = _open(target_spec, python, kind)
+    outcome = operations.revert(target, series, dry_run, force, commit_each, wait, _waiting)
+    _emit(outcome, as_json)
+
+
+@main.command()
+@target_options
+@click.option("--full", is_flag=True, help="Verify every RECORD entry, not only the touched files.")
+@click.option("--expect", type=click.Choice(["applied", "applies"]),
+              help="Exit 1 unless every patch is in this state (e.g. in an image build).")
+@click.pass_context
+@handle_errors
+def status(ctx, target_spec, python, kind, wait, as_json, full, expect) -> None:
+    """Show each patch's state on a target, the vLLM version/commit against the pin,
+    and RECORD integrity."""
+    series = _series(ctx)
+    target = _open(target_spec, python, kind)
+    outcome = operations.status(target, series, full, wait, force=True, on_wait=_waiting)
+    if expect and outcome.ok and outcome.verdict != expect:
+        outcome.ok = False
+        outcome.notes.append(f"expected every patch {expect}, found: {outcome.analysis.verdict}")
+    _emit(outcome, as_json)
+    sys.exit(EXIT_OK if outcome.ok else EXIT_PATCH_FAILED)
+
+
+def run() -> None:
+    """Console-script entry point (click's usage errors exit with 2 by themselves)."""
+    try:
+        main(standalone_mode=True)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (EXIT_USAGE if exc.code else EXIT_OK)
+        sys.exit(code)

@@ -1,0 +1,320 @@
+"""Parse one patch file: a ``git format-patch`` mail with DEP-3-like trailers and a diff.
+
+Everything here is pure: bytes in, a frozen `Patch` out, or an `InputError`
+whose message names the patch, the file and the line at fault.
+"""
+
+from __future__ import annotations
+
+import email.header
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Literal
+
+from unidiff import PatchSet, UnidiffParseError
+from unidiff.constants import (
+    LINE_TYPE_ADDED,
+    LINE_TYPE_CONTEXT,
+    LINE_TYPE_NO_NEWLINE,
+    LINE_TYPE_REMOVED,
+)
+
+from .errors import InputError
+
+TRAILER_KEYS = ("Origin", "Bug", "Forwarded", "Applied-Upstream", "Last-Update", "Drop-When")
+RE_HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)$")
+RE_TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*): (.+)$")
+
+FileKind = Literal["modify", "add", "delete"]
+
+
+def split_lines(text: str) -> list[str]:
+    """Split on ``\\n`` only, keeping terminators (``str.splitlines`` also splits on form feeds)."""
+    lines = text.split("\n")
+    out = [line + "\n" for line in lines[:-1]]
+    if lines[-1]:
+        out.append(lines[-1])
+    return out
+
+
+@dataclass(frozen=True)
+class Hunk:
+    """One hunk: its anchor (pre-image) and the lines that replace it (post-image).
+
+    Lines keep their terminators (``\\n``, ``\\r\\n``, or none for a last line
+    without newline), so matching is byte-exact.
+    """
+
+    index: int
+    source_start: int
+    target_start: int
+    pre: tuple[str, ...]
+    post: tuple[str, ...]
+
+    def inverted(self) -> Hunk:
+        return Hunk(self.index, self.target_start, self.source_start, self.post, self.pre)
+
+
+@dataclass(frozen=True)
+class FileDiff:
+    """The changes a patch makes to one file."""
+
+    path: str
+    kind: FileKind
+    hunks: tuple[Hunk, ...]
+    mode: int = 0o644
+
+    def inverted(self) -> FileDiff:
+        kind: FileKind = {"add": "delete", "delete": "add", "modify": "modify"}[self.kind]  # type: ignore[assignment]
+        return FileDiff(self.path, kind, tuple(h.inverted() for h in reversed(self.hunks)), self.mode)
+
+
+@dataclass(frozen=True)
+class Patch:
+    """A parsed patch file: mail header, description, trailers and file diffs."""
+
+    name: str
+    subject: str
+    author: str
+    date: str
+    description: str
+    trailers: tuple[tuple[str, str], ...]
+    files: tuple[FileDiff, ...]
+    sha256: str
+    raw: bytes
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return tuple(f.path for f in self.files)
+
+    def trailer(self, key: str) -> str | None:
+        for k, v in self.trailers:
+            if k.lower() == key.lower():
+                return v
+        return None
+
+    def inverted(self) -> Patch:
+        """The patch that undoes this one (files and hunks in reverse order)."""
+        files = tuple(f.inverted() for f in reversed(self.files))
+        return Patch(self.name, self.subject, self.author, self.date, self.description,
+                     self.trailers, files, self.sha256, self.raw)
+
+
+def _decode_header(value: str) -> str:
+    parts = email.header.decode_header(value)
+    return "".join(p.decode(c or "utf-8") if isinstance(p, bytes) else p for p, c in parts)
+
+
+def split_mail(name: str, text: str) -> tuple[dict[str, str], str, str]:
+    """Split a format-patch mail into header fields, message body and diff text."""
+    lines = split_lines(text)
+    start = next((i for i, line in enumerate(lines) if line.startswith("diff --git ")), None)
+    if start is None:
+        if any(line.startswith(("--- ", "+++ ", "@@ ")) for line in lines):
+            raise InputError(f"{name}: diffs must be in git format ('diff --git a/... b/...' lines)")
+        raise InputError(f"{name}: empty patch (no 'diff --git' section)")
+    head, diff_lines = lines[:start], lines[start:]
+    # Drop the mail signature ("-- " then the git version) that format-patch appends.
+    for i in range(len(diff_lines) - 1, -1, -1):
+        if diff_lines[i].rstrip("\r\n") == "-- ":
+            if all(not line.startswith(("diff ", "@@", "+", "-", " ")) or line.strip() == ""
+                   for line in diff_lines[i + 1:]):
+                diff_lines = diff_lines[:i]
+            break
+    fields: dict[str, str] = {}
+    i = 0
+    if head and head[0].startswith("From ") and len(head[0].split()) >= 2:
+        i = 1
+    last = None
+    while i < len(head) and head[i].strip():
+        line = head[i].rstrip("\r\n")
+        if line[:1] in (" ", "\t") and last:
+            fields[last] += " " + line.strip()
+        elif ":" in line:
+            key, _, value = line.partition(":")
+            last = key.strip().lower()
+            fields[last] = value.strip()
+        i += 1
+    body = "".join(head[i:])
+    # The description ends at the '---' line that precedes the diffstat.
+    m = re.search(r"^---\s*$", body, flags=re.M)
+    if m:
+        body = body[: m.start()]
+    return fields, body.strip("\n"), "".join(diff_lines)
+
+
+def parse_trailers(description: str) -> tuple[tuple[str, str], ...]:
+    """DEP-3-like trailers: ``Key: value`` lines in the last paragraph of the description."""
+    paragraphs = description.strip().split("\n\n")
+    found = []
+    for line in paragraphs[-1].splitlines() if paragraphs else []:
+        m = RE_TRAILER.match(line.strip())
+        if m:
+            found.append((m.group(1), m.group(2).strip()))
+    return tuple(found)
+
+
+def check_path(name: str, path: str) -> str:
+    """Refuse paths that could leave the target tree."""
+    if not path or path.startswith("/") or "\\" in path or "\x00" in path:
+        raise InputError(f"{name}: unsafe path {path!r} (absolute or malformed)")
+    parts = PurePosixPath(path).parts
+    if any(p in ("..", ".") for p in parts) or path.startswith("./"):
+        raise InputError(f"{name}: unsafe path {path!r} ('..' or '.' component)")
+    return str(PurePosixPath(path))
+
+
+def _strip_prefix(path: str, prefix: str) -> str:
+    if path.startswith('"'):
+        raise InputError(f"quoted path {path!r} is not supported")
+    return path[len(prefix):] if path.startswith(prefix) else path
+
+
+def _validate_raw_hunks(name: str, diff_text: str) -> None:
+    """Catch what unidiff silently skips: malformed ``@@`` lines and binary diffs."""
+    for no, line in enumerate(split_lines(diff_text), 1):
+        line = line.rstrip("\r\n")
+        if line.startswith("@@") and not RE_HUNK_HEADER.match(line):
+            raise InputError(f"{name}: malformed hunk header at diff line {no}: {line[:60]!r}")
+        if line.startswith("GIT binary patch") or (line.startswith("Binary files ") and line.endswith(" differ")):
+            raise InputError(f"{name}: binary diffs are not supported (diff line {no})")
+        if line.startswith(("rename from ", "copy from ", "similarity index ")):
+            raise InputError(f"{name}: renames and copies are not supported (diff line {no}); "
+                             "regenerate it with --no-renames")
+        if line.startswith("old mode "):
+            raise InputError(f"{name}: mode changes are not supported (diff line {no})")
+
+
+def _hunk_images(name: str, path: str, hunk, index: int) -> Hunk:
+    pre: list[str] = []
+    post: list[str] = []
+    last_types: str | None = None
+    for line in hunk:
+        t = line.line_type
+        if t == LINE_TYPE_NO_NEWLINE:
+            if last_types is None:
+                raise InputError(f"{name}: {path}: hunk {index}: stray 'No newline' marker")
+            for target, kind in ((pre, "-"), (post, "+")):
+                if kind in last_types and target and target[-1].endswith("\n"):
+                    target[-1] = target[-1][:-2] if target[-1].endswith("\r\n") else target[-1][:-1]
+            continue
+        value = line.value
+        if not value.endswith("\n"):
+            value += "\n"
+        if t == LINE_TYPE_CONTEXT:
+            pre.append(value)
+            post.append(value)
+            last_types = "-+"
+        elif t == LINE_TYPE_REMOVED:
+            pre.append(value)
+            last_types = "-"
+        elif t == LINE_TYPE_ADDED:
+            post.append(value)
+            last_types = "+"
+    return Hunk(index, hunk.source_start, hunk.target_start, tuple(pre), tuple(post))
+
+
+def _git_blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _check_blob(name: str, path: str, kind: FileKind, hunks: tuple[Hunk, ...], info: str) -> None:
+    """A whole new or deleted file must hash to the blob id on its ``index`` line:
+    this catches a patch cut off inside (or before) such a file's hunk."""
+    m = re.search(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)", info, flags=re.M)
+    if not m:
+        raise InputError(f"{name}: {path}: new or deleted file without an 'index' line (truncated patch?)")
+    blob = m.group(2) if kind == "add" else m.group(1)
+    lines = [line for h in hunks for line in (h.post if kind == "add" else h.pre)]
+    actual = _git_blob_id("".join(lines).encode("utf-8"))
+    if not actual.startswith(blob):
+        raise InputError(f"{name}: {path}: the file's lines do not match its blob id {blob} "
+                         "(truncated or hand-edited patch?)")
+
+
+def parse_diff(name: str, diff_text: str) -> tuple[FileDiff, ...]:
+    """Parse the diff part of a patch with unidiff, strictly."""
+    _validate_raw_hunks(name, diff_text)
+    try:
+        patchset = PatchSet(split_lines(diff_text))
+    except UnidiffParseError as exc:
+        detail = " ".join(str(exc).split())
+        raise InputError(f"{name}: malformed diff: {detail} (truncated patch or wrong line counts?)") from None
+    expected = sum(1 for line in split_lines(diff_text) if line.startswith("@@"))
+    if sum(len(f) for f in patchset) != expected:
+        raise InputError(f"{name}: malformed diff: {expected} hunk headers but "
+                         f"{sum(len(f) for f in patchset)} complete hunks")
+    files: list[FileDiff] = []
+    seen: set[str] = set()
+    for pf in patchset:
+        if pf.is_binary_file:
+            raise InputError(f"{name}: binary diffs are not supported ({pf.path})")
+        if pf.is_rename:
+            raise InputError(f"{name}: renames are not supported ({pf.path})")
+        try:
+            source = _strip_prefix(pf.source_file, "a/") if pf.source_file else None
+            target = _strip_prefix(pf.target_file, "b/") if pf.target_file else None
+        except InputError as exc:
+            raise InputError(f"{name}: {exc.message}") from None
+        if pf.is_added_file:
+            kind: FileKind = "add"
+            path = target or pf.path
+        elif pf.is_removed_file:
+            kind = "delete"
+            path = source or pf.path
+        else:
+            kind = "modify"
+            path = target or pf.path
+            if source and target and source != target:
+                raise InputError(f"{name}: source {source!r} and target {target!r} differ")
+            if not len(pf):
+                raise InputError(f"{name}: {path}: no hunks")
+        path = check_path(name, path)
+        if path in seen:
+            raise InputError(f"{name}: {path} appears twice in the patch")
+        seen.add(path)
+        hunks = tuple(_hunk_images(name, path, h, i) for i, h in enumerate(pf, 1))
+        for h in hunks:
+            if kind == "modify" and not h.pre:
+                raise InputError(f"{name}: {path}: hunk {h.index} has no anchor (no context "
+                                 "or removed lines); regenerate it with context")
+            if kind == "add" and h.pre or kind == "delete" and h.post:
+                raise InputError(f"{name}: {path}: hunk {h.index} does not match its file's "
+                                 "new/deleted header")
+        if kind != "modify":
+            _check_blob(name, path, kind, hunks, str(pf.patch_info or ""))
+        mode = 0o644
+        m = re.search(r"^(?:new|deleted) file mode (\d+)$", str(pf.patch_info or ""), flags=re.M)
+        if m and int(m.group(1), 8) & 0o111:
+            mode = 0o755
+        files.append(FileDiff(path, kind, hunks, mode))
+    if not files:
+        raise InputError(f"{name}: empty patch (no file changes)")
+    return tuple(files)
+
+
+def parse_patch(name: str, data: bytes) -> Patch:
+    """Parse a patch file's bytes."""
+    if not data.strip():
+        raise InputError(f"{name}: empty patch file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{name}: not UTF-8 (byte {exc.start})") from None
+    fields, description, diff_text = split_mail(name, text)
+    subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", _decode_header(fields.get("subject", "")))
+    if not subject:
+        raise InputError(f"{name}: no 'Subject:' header")
+    return Patch(
+        name=name,
+        subject=subject,
+        author=_decode_header(fields.get("from", "")),
+        date=fields.get("date", ""),
+        description=description,
+        trailers=parse_trailers(description),
+        files=parse_diff(name, diff_text),
+        sha256=hashlib.sha256(data).hexdigest(),
+        raw=data,
+    )

@@ -1,0 +1,69 @@
+"""The wheel RECORD file: check files against it and rewrite entries, line by line.
+
+Lines are kept as they are except the ones a change touches, so a revert can
+put the original lines back and the file is byte-identical again.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+
+from installer.records import Hash, RecordEntry, parse_record_file
+
+
+def record_hash(data: bytes) -> str:
+    """``sha256=<urlsafe base64, no padding>`` as RECORD writes it."""
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"sha256={digest}"
+
+
+def parse_lines(text: str) -> tuple[list[str], str]:
+    """RECORD as a list of lines without terminators, plus the terminator it uses."""
+    newline = "\r\n" if "\r\n" in text else "\n"
+    lines = text.split(newline)
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines, newline
+
+
+def join_lines(lines: list[str], newline: str) -> str:
+    return "".join(line + newline for line in lines)
+
+
+def entry_of(line: str) -> RecordEntry | None:
+    """Parse one RECORD line with pypa/installer; None for a malformed line."""
+    try:
+        path, hash_, size = next(iter(parse_record_file([line])))
+        return RecordEntry.from_elements(path, hash_, size)
+    except (ValueError, StopIteration, csv.Error):
+        return None
+
+
+def entries(lines: list[str]) -> dict[str, tuple[int, RecordEntry]]:
+    """Path -> (line number, entry)."""
+    out = {}
+    for i, line in enumerate(lines):
+        entry = entry_of(line)
+        if entry is not None:
+            out[entry.path] = (i, entry)
+    return out
+
+
+def make_line(path: str, data: bytes | None) -> str:
+    """A RECORD line for `path` with `data` (no hash for files whose contents change, like RECORD)."""
+    if data is None:
+        entry = RecordEntry(path, None, None)
+    else:
+        name, _, value = record_hash(data).partition("=")
+        entry = RecordEntry(path, Hash(name, value), len(data))
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="").writerow(entry.to_row())
+    return buf.getvalue()
+
+
+def matches(entry: RecordEntry, data: bytes) -> bool:
+    """True when `data` has the hash and size the entry records."""
+    return entry.validate(data)

@@ -1,0 +1,135 @@
+"""How outcomes are shown: a rich table with one line per patch and a verdict, or JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from .engine import State
+from .operations import Outcome
+from .series import Series
+
+STYLE = {
+    State.APPLIES: "cyan", State.APPLIED: "green", State.PARTIAL: "red",
+    State.AMBIGUOUS: "red", State.CONFLICT: "red",
+}
+
+DONE_WORDS = {"apply": "applied", "revert": "reverted"}
+
+
+def outcome_dict(outcome: Outcome) -> dict[str, Any]:
+    patches = []
+    by_name = {p.name: p for p in outcome.patches}
+    for report in outcome.analysis.reports:
+        patch = by_name.get(report.name)
+        patches.append({
+            "name": report.name,
+            "state": report.state.value,
+            "sha256": patch.sha256 if patch else None,
+            "files": list(patch.paths) if patch else [],
+            "problems": report.problems(),
+            "hunks": [{"path": h.path, "hunk": h.index, "state": h.state.value,
+                       "anchor_at": list(h.anchor_at), "result_at": list(h.result_at)}
+                      for h in report.hunks],
+        })
+    found = outcome.found
+    return {
+        "action": outcome.action,
+        "target": outcome.target,
+        "verdict": outcome.verdict,
+        "ok": outcome.ok,
+        "dry_run": outcome.dry_run,
+        "found": {"version": found.version, "commit": found.commit, "source": found.source} if found else None,
+        "patches": patches,
+        "changed": outcome.changed,
+        "recovered": outcome.recovered,
+        "record_problems": outcome.integrity,
+        "notes": outcome.notes,
+    }
+
+
+def print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2))
+
+
+def verdict_line(outcome: Outcome) -> str:
+    n = len(outcome.analysis.reports)
+    if not outcome.ok:
+        return f"[red]FAILED[/]: {outcome.action} on {outcome.target}; nothing was changed" \
+            if outcome.action in ("apply", "revert") else f"[red]FAILED[/]: {outcome.action} on {outcome.target}"
+    if outcome.action in DONE_WORDS:
+        would = "would change" if outcome.dry_run else "changed"
+        files = f"{len(outcome.changed)} files" if outcome.changed else "no file"
+        return f"[green]OK[/]: {DONE_WORDS[outcome.action]} {n} patches on {outcome.target} " \
+               f"({would} {files})" if outcome.changed else \
+               f"[green]OK[/]: nothing to do, {outcome.verdict} ({n} patches)"
+    if outcome.action == "check":
+        return f"[green]OK[/]: all {n} patches apply cleanly on {outcome.target}, every anchor unique"
+    return f"[green]OK[/]: {outcome.verdict} ({outcome.analysis.applied} of {n} patches applied)"
+
+
+def _after(outcome: Outcome, state: State) -> State | None:
+    """The state a write moved a patch to, for apply and revert."""
+    if not outcome.ok or outcome.action not in DONE_WORDS:
+        return None
+    if outcome.action == "apply" and state is State.APPLIES:
+        return State.APPLIED
+    if outcome.action == "revert" and state is State.APPLIED:
+        return State.APPLIES
+    return None
+
+
+def print_outcome(outcome: Outcome, console: Console) -> None:
+    title = f"{outcome.action}{' --dry-run' if outcome.dry_run else ''}: {outcome.target}"
+    table = Table(title=title, title_justify="left")
+    table.add_column("#", justify="right")
+    table.add_column("patch")
+    table.add_column("state")
+    table.add_column("detail")
+    for i, report in enumerate(outcome.analysis.reports, 1):
+        detail = "\n".join(report.problems())
+        state = f"[{STYLE[report.state]}]{report.state.value}[/]"
+        after = _after(outcome, report.state)
+        if after:
+            state += f" -> [{STYLE[after]}]{after.value}[/]"
+        table.add_row(str(i), report.name, state, detail)
+    console.print(table)
+    if outcome.found:
+        f = outcome.found
+        console.print(f"vLLM found: {f.version or '?'} commit {f.commit or '?'} ({f.source})")
+    if outcome.recovered:
+        console.print(f"[yellow]recovered[/]: {outcome.recovered}")
+    for note in outcome.notes:
+        console.print(f"[yellow]note[/]: {note}")
+    for problem in outcome.integrity:
+        console.print(f"[red]RECORD[/]: {problem}")
+    console.print(verdict_line(outcome))
+
+
+def print_series(series: Series, console: Console) -> None:
+    pin = series.pin
+    console.print(f"vLLM {pin.version} (tag {pin.tag}, commit {pin.commit})")
+    console.print(f"  sdist {pin.sdist.filename} sha256:{pin.sdist.sha256}")
+    console.print(f"  wheel {pin.wheel.filename} sha256:{pin.wheel.sha256}")
+    table = Table(title=f"series {series.digest}: {len(series.patches)} patches", title_justify="left")
+    for col in ("#", "patch", "subject", "origin", "files"):
+        table.add_column(col)
+    for i, p in enumerate(series.patches, 1):
+        table.add_row(str(i), p.name, p.subject, p.trailer("Origin") or "", "\n".join(p.paths))
+    console.print(table)
+
+
+def series_dict(series: Series) -> dict[str, Any]:
+    pin = series.pin
+    return {
+        "pin": {"version": pin.version, "tag": pin.tag, "commit": pin.commit,
+                "sdist": {"filename": pin.sdist.filename, "sha256": pin.sdist.sha256},
+                "wheel": {"filename": pin.wheel.filename, "sha256": pin.wheel.sha256}},
+        "digest": series.digest,
+        "patches": [{"name": p.name, "subject": p.subject, "author": p.author, "date": p.date,
+                     "sha256": p.sha256, "trailers": dict(p.trailers), "files": list(p.paths)}
+                    for p in series.patches],
+    }

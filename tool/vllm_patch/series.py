@@ -1,0 +1,122 @@
+"""The series: the ordered patch names and the pin, read from the ``series`` file.
+
+Format (quilt-compatible: quilt sees the pin as comments)::
+
+    # free comments
+    #: version = 0.20.0
+    #: tag = v0.20.0
+    #: commit = b8160878f07fe6aff02deb12bc842df3fa4a9237
+    #: sdist = vllm-0.20.0.tar.gz sha256:HEX
+    #: wheel = vllm-0.20.0-cp38-abi3-manylinux_2_35_x86_64.whl sha256:HEX
+    0001-first-fix.patch
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import InputError
+from .patchfile import Patch, check_path, parse_patch
+from .pin import PIN_KEYS, Pin, pin_from_fields
+
+SERIES_FILE = "series"
+PATCH_DIR = "patches"
+
+
+@dataclass(frozen=True)
+class Series:
+    """Ordered patches plus the pin they apply to."""
+
+    pin: Pin
+    patches: tuple[Patch, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.patches)
+
+    def touched_paths(self) -> tuple[str, ...]:
+        """Every path any patch touches, in first-seen order."""
+        seen: dict[str, None] = {}
+        for patch in self.patches:
+            for path in patch.paths:
+                seen.setdefault(path, None)
+        return tuple(seen)
+
+    @property
+    def digest(self) -> str:
+        """A short hash of the pin and every patch's bytes: names a patched build."""
+        h = hashlib.sha256(f"{self.pin.version}\0{self.pin.commit}\0".encode())
+        for p in self.patches:
+            h.update(p.name.encode() + b"\0" + p.raw + b"\0")
+        return h.hexdigest()[:12]
+
+
+def parse_series_text(text: str) -> tuple[dict[str, str], list[str]]:
+    """Split a series file into pin fields and patch names (pure)."""
+    fields: dict[str, str] = {}
+    names: list[str] = []
+    for no, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if line.startswith("#:"):
+            key, sep, value = line[2:].partition("=")
+            key = key.strip()
+            if not sep or key not in PIN_KEYS:
+                raise InputError(f"series line {no}: expected '#: KEY = VALUE' with KEY one of "
+                                 f"{', '.join(PIN_KEYS)}, got {raw!r}")
+            if key in fields:
+                raise InputError(f"series line {no}: pin '{key}' given twice")
+            fields[key] = value.strip()
+            continue
+        if not line or line.startswith("#"):
+            continue
+        name = line.split()[0]
+        if len(line.split()) > 1:
+            raise InputError(f"series line {no}: patch options are not supported: {raw!r}")
+        check_path("series", name)
+        if name in names:
+            raise InputError(f"series line {no}: {name} is listed twice")
+        names.append(name)
+    return fields, names
+
+
+def load_series(root: Path) -> Series:
+    """Read ``root/series`` and every patch it names from ``root/patches``."""
+    series_path = root / SERIES_FILE
+    try:
+        text = series_path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"no series file at {series_path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read {series_path}: {exc}") from None
+    fields, names = parse_series_text(text)
+    pin = pin_from_fields(fields)
+    patches = []
+    for name in names:
+        path = root / PATCH_DIR / name
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise InputError(f"series names {name}, but {path} does not exist") from None
+        except OSError as exc:
+            raise InputError(f"cannot read {path}: {exc}") from None
+        patches.append(parse_patch(name, data))
+    return Series(pin, tuple(patches))
+
+
+def find_series_root(start: Path | None = None) -> Path:
+    """Where the series lives: $VLLM_PATCH_SERIES, else the nearest directory upwards
+    from `start` holding ``series`` and ``patches/``, else the project's own checkout."""
+    env = os.environ.get("VLLM_PATCH_SERIES")
+    if env:
+        return Path(env)
+    here = (start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / SERIES_FILE).is_file() and (d / PATCH_DIR).is_dir():
+            return d
+    project = Path(__file__).resolve().parents[2]
+    if (project / SERIES_FILE).is_file():
+        return project
+    raise InputError("no series found: run inside the vllm-patch repository, or pass --series DIR")

@@ -1,0 +1,116 @@
+"""What every target offers: read files, check the pin, and plan and commit writes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..engine import Analysis, Contents
+from ..errors import PinMismatch
+from ..patchfile import Patch
+from ..pin import Pin
+from ..transaction import Journal, commit, read_files, recover
+from ..versionfile import VersionInfo, parse_version_file
+
+VERSION_FILE = "vllm/_version.py"
+
+
+@dataclass
+class Plan:
+    """Everything one command will write, computed before any write."""
+
+    changes: Contents
+    modes: dict[str, int] = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Found:
+    """What the target says it is."""
+
+    version: str | None
+    commit: str | None
+    source: str
+
+
+class Target:
+    """A place the series goes. Subclasses set `kind` and override the hooks."""
+
+    kind = "tree"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.root}"
+
+    @property
+    def lock_dir(self) -> Path:
+        return self.root
+
+    @property
+    def journal(self) -> Journal:
+        return Journal(self.root, self.root / ".vllm-patch-journal")
+
+    def read(self, paths: list[str]) -> Contents:
+        return read_files(self.root, paths)
+
+    def found(self) -> Found:
+        """Version and commit as read from the tree's ``vllm/_version.py``."""
+        info = self._version_file()
+        return Found(info.version, info.commit, VERSION_FILE)
+
+    def _version_file(self) -> VersionInfo:
+        path = self.root / VERSION_FILE
+        if not path.is_file():
+            return VersionInfo(None, None)
+        return parse_version_file(path.read_text(encoding="utf-8", errors="replace"))
+
+    def check_pin(self, pin: Pin) -> Found:
+        """Raise PinMismatch unless the target is the pinned release."""
+        found = self.found()
+        if found.version is None:
+            raise PinMismatch(f"cannot tell which vLLM {self.root} holds (no {VERSION_FILE}); "
+                              f"expected {pin.version}; pass --force to go on anyway")
+        problems = []
+        if not pin.matches_version(found.version):
+            problems.append(f"version {found.version}")
+        if found.commit is not None and not pin.matches_commit(found.commit):
+            problems.append(f"commit {found.commit}")
+        if problems:
+            raise PinMismatch(
+                f"{self.root} holds vLLM {' and '.join(problems)} ({found.source}), but the series "
+                f"is pinned to {pin.version} at {pin.commit[:9]}; rebase the series onto it, "
+                "or pass --force")
+        return found
+
+    def recorded_patches(self) -> list[Patch] | None:
+        """Patches the target records as applied, when it keeps such a record."""
+        return None
+
+    def plan(self, analysis: Analysis, new: Contents, patches: list[Patch],
+             keep: int, commit_each: bool) -> Plan:
+        """The writes that turn the target into `new`, with `keep` patches applied."""
+        current = self.read(list(new))
+        return Plan({p: d for p, d in new.items() if current.get(p) != d})
+
+    def verify_before_write(self, paths: list[str], contents: Contents, analysis: Analysis) -> None:
+        """Refuse to touch files something else has changed (site-packages checks RECORD)."""
+
+    def integrity(self, paths: list[str], full: bool) -> list[str]:
+        """Problems found in the target's own bookkeeping (RECORD); empty when sound."""
+        return []
+
+    def finish(self, extra: dict) -> None:
+        """Last step under the journal (git: move HEAD)."""
+
+    def undo(self, extra: dict) -> None:
+        """Undo `finish` when rolling back."""
+
+    def commit(self, plan: Plan) -> None:
+        commit(self.journal, plan.changes, plan.modes, plan.extra,
+               finish=self.finish if plan.extra else None)
+
+    def recover(self) -> str | None:
+        return recover(self.journal, finish=self.finish, undo=self.undo)

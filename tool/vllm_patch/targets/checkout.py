@@ -1,0 +1,167 @@
+"""A vLLM git checkout: HEAD must be (or descend from) the pinned commit or tag.
+
+With ``--commit`` the series becomes one commit per patch, built with git's
+plumbing in a private index before any file of the work tree is written;
+HEAD moves last, under the same journal as the files.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from email.utils import parseaddr
+from pathlib import Path
+
+import git
+
+from ..engine import Analysis, Contents
+from ..errors import PinMismatch, TargetError
+from ..patchfile import Patch
+from ..pin import Pin
+from ..transaction import Journal
+from .base import Found, Plan, Target
+
+
+class CheckoutTarget(Target):
+    """A git work tree holding the vLLM sources."""
+
+    kind = "checkout"
+
+    def __init__(self, root: Path) -> None:
+        try:
+            self.repo = git.Repo(root)
+        except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+            raise TargetError(f"{root} is not a git work tree") from None
+        if self.repo.bare or self.repo.working_tree_dir is None:
+            raise TargetError(f"{root} is a bare repository")
+        super().__init__(Path(self.repo.working_tree_dir).resolve())
+
+    @property
+    def journal(self) -> Journal:
+        return Journal(self.root, Path(self.repo.git_dir).resolve() / "vllm-patch-journal")
+
+    def head(self) -> str:
+        try:
+            return self.repo.head.commit.hexsha
+        except ValueError:
+            raise TargetError(f"{self.root} has no commit yet") from None
+
+    def found(self) -> Found:
+        head = self.head()
+        tags = [t.name for t in self.repo.tags if t.commit.hexsha == head]
+        info = self._version_file()
+        return Found(info.version or (tags[0] if tags else None), head,
+                     f"HEAD {head[:12]}" + (f" (tag {', '.join(tags)})" if tags else ""))
+
+    def base_commit(self, pin: Pin) -> str | None:
+        """The pinned base in this repository: the pin's tag, else its commit id."""
+        if pin.tag in [t.name for t in self.repo.tags]:
+            return self.repo.tags[pin.tag].commit.hexsha
+        try:
+            return self.repo.commit(pin.commit).hexsha
+        except (git.BadName, ValueError):
+            return None
+
+    def check_pin(self, pin: Pin) -> Found:
+        found = self.found()
+        base = self.base_commit(pin)
+        head = self.head()
+        if base is None:
+            raise PinMismatch(f"{self.root}: neither tag {pin.tag} nor commit {pin.commit[:9]} exists; "
+                              f"HEAD is {head[:12]}; fetch the tag, rebase the series, or pass --force")
+        if base != head and not self.repo.is_ancestor(base, head):
+            raise PinMismatch(f"{self.root}: HEAD {head[:12]} is not {pin.tag} ({base[:12]}) nor "
+                              "a descendant of it; check out the tag, rebase the series, or pass --force")
+        return found
+
+    def committed(self, rel: str) -> bytes | None:
+        """The file as HEAD has it (None when HEAD has no such file)."""
+        try:
+            return (self.repo.head.commit.tree / rel).data_stream.read()
+        except KeyError:
+            return None
+
+    def verify_before_write(self, paths: list[str], contents: Contents, analysis: Analysis) -> None:
+        """Touched files must be clean, unless their only uncommitted changes are the
+        series itself (applied earlier without --commit)."""
+        status = self.repo.git.status("--porcelain", "--untracked-files=all", "--", *paths)
+        dirty = [line[3:] for line in status.splitlines() if line.strip()]
+        if dirty and analysis.consistent and all(self.committed(p) == analysis.base.get(p) for p in dirty):
+            return
+        if dirty:
+            names = ", ".join(dirty[:5])
+            raise TargetError(f"{self.root}: files the series touches have uncommitted changes "
+                              f"({names}); commit or stash them first")
+
+    def plan(self, analysis: Analysis, new: Contents, patches: list[Patch],
+             keep: int, commit_each: bool) -> Plan:
+        plan = super().plan(analysis, new, patches, keep, commit_each)
+        if commit_each and plan.changes:
+            plan.extra = {"old_head": self.head(), "new_head": self._build_commits(analysis, patches, keep),
+                          "paths": list(plan.changes)}
+        return plan
+
+    def _build_commits(self, analysis: Analysis, patches: list[Patch], keep: int) -> str:
+        """One commit per patch applied (or reverted), in a private index: the work tree
+        and the real index are not touched here."""
+        head = self.head()
+        fd, index = tempfile.mkstemp(prefix="vllm-patch-index-", dir=self.repo.git_dir)
+        os.close(fd)
+        os.unlink(index)
+        env = {"GIT_INDEX_FILE": index}
+        try:
+            self.repo.git.read_tree(head, env=env)
+            parent = head
+            if keep >= analysis.applied:
+                steps = [(patches[i], analysis.stages[i], "") for i in range(analysis.applied, keep)]
+            else:
+                steps = [(patches[i], analysis.stages[i - 1] if i else analysis.base, "Revert \"")
+                         for i in range(analysis.applied - 1, keep - 1, -1)]
+            for patch, contents, revert in steps:
+                for rel in patch.paths:
+                    data = contents.get(rel)
+                    if data is None:
+                        self.repo.git.update_index("--force-remove", "--", rel, env=env)
+                        continue
+                    blob = self.repo.git.hash_object("-w", "--stdin", istream=_stdin(data))
+                    mode = "100755" if os.access(self.root / rel, os.X_OK) else "100644"
+                    self.repo.git.update_index("--add", "--cacheinfo", f"{mode},{blob},{rel}", env=env)
+                tree = self.repo.git.write_tree(env=env)
+                message = f"{revert}{patch.subject}\"" if revert else f"{patch.subject}\n\n{patch.description}"
+                parent = self.repo.git.commit_tree(tree, "-p", parent, "-m", message,
+                                                   env=_author_env(patch) if not revert else {})
+            return parent
+        except git.GitCommandError as exc:
+            raise TargetError(f"git failed while building the commits: {exc.stderr.strip() or exc}") from None
+        finally:
+            Path(index).unlink(missing_ok=True)
+
+    def finish(self, extra: dict) -> None:
+        if not extra.get("new_head"):
+            return
+        self.repo.git.update_ref("HEAD", extra["new_head"])
+        self.repo.git.reset("-q", extra["new_head"], "--", *extra["paths"])
+
+    def undo(self, extra: dict) -> None:
+        if extra.get("new_head") and self.head() == extra["new_head"]:
+            self.repo.git.update_ref("HEAD", extra["old_head"])
+            self.repo.git.reset("-q", extra["old_head"], "--", *extra["paths"])
+
+
+def _stdin(data: bytes):
+    tmp = tempfile.TemporaryFile()
+    tmp.write(data)
+    tmp.seek(0)
+    return tmp
+
+
+def _author_env(patch: Patch) -> dict[str, str]:
+    name, email = parseaddr(patch.author)
+    env = {}
+    if name or email:
+        env.update(GIT_AUTHOR_NAME=name or email, GIT_AUTHOR_EMAIL=email)
+        env.setdefault("GIT_COMMITTER_NAME", os.environ.get("GIT_COMMITTER_NAME", name or email))
+        env.setdefault("GIT_COMMITTER_EMAIL", os.environ.get("GIT_COMMITTER_EMAIL", email))
+    if patch.date:
+        env["GIT_AUTHOR_DATE"] = patch.date
+    return env

@@ -1,0 +1,224 @@
+"""An installed vLLM: the site-packages directory of some interpreter, or an unpacked wheel.
+
+The distribution is found with importlib.metadata, never by importing vLLM.
+Touched files are checked against RECORD before any write; RECORD is
+rewritten after (new files included, so ``pip uninstall`` removes them);
+stale bytecode of changed modules is removed; and ``vllm_patch.json`` in the
+dist-info records which patches are applied (with their text, so a later
+run can revert them even after the series has changed).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from importlib.metadata import PathDistribution
+from pathlib import Path
+
+from packaging.utils import canonicalize_name
+
+from .. import __version__
+from ..engine import Analysis, Contents
+from ..errors import InputError, TargetError
+from ..patchfile import Patch, parse_patch
+from .. import record
+from .base import Found, Plan, Target
+
+STATE_FILE = "vllm_patch.json"
+
+
+def site_packages_of(python: str) -> Path:
+    """The directory holding vLLM for interpreter `python` (purelib or platlib)."""
+    code = "import json, sysconfig; p = sysconfig.get_paths(); print(json.dumps([p['purelib'], p['platlib']]))"
+    try:
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise TargetError(f"cannot ask {python} for its site-packages: {exc}") from None
+    candidates = [Path(p) for p in json.loads(out.stdout)]
+    for c in candidates:
+        if c.is_dir() and find_dist_info(c, required=False) is not None:
+            return c.resolve()
+    raise TargetError(f"no vLLM distribution is installed for {python} "
+                      f"(looked in {', '.join(map(str, dict.fromkeys(candidates)))})")
+
+
+def find_dist_info(directory: Path, required: bool = True) -> Path | None:
+    """The ``vllm-*.dist-info`` directory in `directory`, read with importlib.metadata."""
+    found = []
+    for candidate in sorted(directory.glob("*.dist-info")):
+        if not candidate.name.lower().startswith("vllm-"):
+            continue
+        name = PathDistribution(candidate).metadata["Name"] or ""
+        if canonicalize_name(name) == "vllm":
+            found.append(candidate)
+    if len(found) > 1:
+        raise TargetError(f"{directory} holds several vLLM distributions: "
+                          f"{', '.join(p.name for p in found)}; remove the stale ones")
+    if not found:
+        if required:
+            raise TargetError(f"no vllm-*.dist-info in {directory}: is vLLM installed there?")
+        return None
+    return found[0]
+
+
+def pyc_of(root: Path, rel: str) -> list[str]:
+    """Bytecode caches of a module, which go stale when its source changes."""
+    if not rel.endswith(".py"):
+        return []
+    src = Path(rel)
+    cache = root / src.parent / "__pycache__"
+    if not cache.is_dir():
+        return []
+    return sorted(str(p.relative_to(root)) for p in cache.glob(f"{src.stem}.*.pyc") if p.is_file())
+
+
+class SitePackagesTarget(Target):
+    """vLLM installed in a site-packages directory (or an unpacked wheel)."""
+
+    kind = "site-packages"
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.dist_info = find_dist_info(root)
+        self.dist = PathDistribution(self.dist_info)
+
+    @property
+    def rel_dist_info(self) -> str:
+        return self.dist_info.name
+
+    @property
+    def record_path(self) -> str:
+        return f"{self.rel_dist_info}/RECORD"
+
+    @property
+    def state_path(self) -> str:
+        return f"{self.rel_dist_info}/{STATE_FILE}"
+
+    @property
+    def lock_dir(self) -> Path:
+        return self.dist_info
+
+    @property
+    def journal(self):
+        from ..transaction import Journal
+        return Journal(self.root, self.root / f".vllm-patch-journal-{self.dist_info.name}")
+
+    def found(self) -> Found:
+        commit = self._version_file().commit
+        return Found(self.dist.version, commit, f"{self.dist_info.name} and vllm/_version.py")
+
+    def _record_text(self) -> str:
+        try:
+            return (self.root / self.record_path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise TargetError(f"cannot read {self.record_path}: {exc.strerror}") from None
+
+    def state(self) -> dict | None:
+        path = self.root / self.state_path
+        if not path.is_file():
+            return None
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise TargetError(f"{path} is unreadable ({exc}); reinstall vLLM to start over") from None
+
+    def recorded_patches(self) -> list[Patch] | None:
+        state = self.state()
+        if state is None:
+            return None
+        try:
+            return [parse_patch(p["name"], p["text"].encode("utf-8")) for p in state["patches"]]
+        except (KeyError, TypeError, InputError) as exc:
+            raise TargetError(f"{self.state_path} is malformed ({exc}); reinstall vLLM to start over") from None
+
+    def verify_before_write(self, paths: list[str], contents: Contents, analysis: Analysis) -> None:
+        lines, _ = record.parse_lines(self._record_text())
+        known = record.entries(lines)
+        for rel in paths:
+            data = contents.get(rel)
+            if rel not in known:
+                if data is not None:
+                    raise TargetError(f"{rel} exists but is not in {self.record_path}: "
+                                      "something other than pip or vllm-patch put it there")
+                continue
+            entry = known[rel][1]
+            if data is None:
+                raise TargetError(f"{rel} is listed in {self.record_path} but missing; "
+                                  "reinstall vLLM")
+            if entry.hash_ is not None and not record.matches(entry, data):
+                raise TargetError(f"{rel} differs from {self.record_path}: another tool edited it; "
+                                  "reinstall vLLM (or revert that tool) first")
+
+    def integrity(self, paths: list[str], full: bool) -> list[str]:
+        lines, _ = record.parse_lines(self._record_text())
+        known = record.entries(lines)
+        check = [p for p, (_, e) in known.items() if e.hash_ is not None] if full else \
+            [p for p in paths if p in known]
+        problems = []
+        for rel in check:
+            if "/__pycache__/" in f"/{rel}" and rel.endswith(".pyc"):
+                continue  # bytecode is derived; Python rewrites it
+            entry = known[rel][1]
+            path = self.root / rel
+            if not path.is_file():
+                problems.append(f"{rel}: missing")
+            elif entry.hash_ is not None and not record.matches(entry, path.read_bytes()):
+                problems.append(f"{rel}: hash differs from RECORD")
+        return problems
+
+    def plan(self, analysis: Analysis, new: Contents, patches: list[Patch],
+             keep: int, commit_each: bool) -> Plan:
+        paths = list(new)
+        current = self.read(paths)
+        changes: Contents = {p: d for p, d in new.items() if current.get(p) != d}
+        for rel in list(changes):
+            for pyc in pyc_of(self.root, rel):
+                changes[pyc] = None
+        state = self.state() or {}
+        prior: dict[str, str | None] = dict(state.get("record", {}))
+        originals = dict(prior)
+        text = self._record_text()
+        lines, newline = record.parse_lines(text)
+        known = record.entries(lines)
+        kept = patches[:keep]
+        sources = [rel for rel in changes if not rel.endswith(".pyc")]
+        for rel in sources:
+            originals.setdefault(rel, lines[known[rel][0]] if rel in known else None)
+        if kept:
+            state_text = json.dumps({
+                "tool": f"vllm-patch {__version__}",
+                "patches": [{"name": p.name, "sha256": p.sha256, "text": p.raw.decode("utf-8")}
+                            for p in kept],
+                "record": originals,
+            }, indent=1, sort_keys=True) + "\n"
+            existing = self.root / self.state_path
+            if not existing.is_file() or existing.read_bytes() != state_text.encode():
+                changes[self.state_path] = state_text.encode()
+        elif (self.root / self.state_path).exists():
+            changes[self.state_path] = None
+        wanted: dict[str, str | None] = {}
+        for rel in sources:
+            data = changes[rel]
+            if not kept and rel in prior:
+                wanted[rel] = prior[rel]
+            else:
+                wanted[rel] = None if data is None else record.make_line(rel, data)
+        if self.state_path in changes and (not kept or self.state_path not in known):
+            wanted[self.state_path] = record.make_line(self.state_path, None) if kept else None
+        by_index = {known[rel][0]: line for rel, line in wanted.items() if rel in known}
+        out = [by_index.get(i, line) if i in by_index else line for i, line in enumerate(lines)]
+        out = [line for i, line in enumerate(out) if not (i in by_index and by_index[i] is None)]
+        added = [line for rel, line in wanted.items() if rel not in known and line is not None]
+        at = self._insert_at(out)
+        out[at:at] = added
+        new_record = record.join_lines(out, newline).encode("utf-8")
+        if new_record != text.encode("utf-8"):
+            changes[self.record_path] = new_record
+        return Plan(changes)
+
+    def _insert_at(self, lines: list[str]) -> int:
+        """New entries go before the dist-info's own RECORD line, as pip orders them."""
+        for i, line in enumerate(lines):
+            if line.startswith(self.record_path + ","):
+                return i
+        return len(lines)

@@ -1,0 +1,251 @@
+"""All-or-nothing writes of a set of files, under a journal.
+
+Protocol: back up every file to change into a journal directory, write the
+journal (its presence means "a write is in progress"), replace each file by
+writing a temporary file beside it and renaming it into place, then remove
+the journal. After a crash, `recover` finishes the run when every file
+already has its new contents, and otherwise restores every backup.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import stat
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import TargetError
+
+JOURNAL_FILE = "journal.json"
+FAULT_ENV = "VLLM_PATCH_FAULT_AFTER_WRITES"
+
+
+def sha256(data: bytes | None) -> str | None:
+    return None if data is None else hashlib.sha256(data).hexdigest()
+
+
+def resolve_inside(root: Path, rel: str) -> Path:
+    """The absolute path of `rel` under `root`, refusing symlinks on the way."""
+    path = root
+    for part in Path(rel).parts:
+        path = path / part
+        if path.is_symlink():
+            target = os.path.realpath(path)
+            inside = os.path.commonpath([os.path.realpath(root), target]) == os.path.realpath(root)
+            where = "inside" if inside else "outside"
+            raise TargetError(f"{rel}: {path} is a symlink leading {where} the target "
+                              f"(to {target}); refusing to write through it")
+    return path
+
+
+def read_files(root: Path, paths: list[str]) -> dict[str, bytes | None]:
+    """Read files under `root` (None when absent), refusing symlinks and non-files."""
+    out: dict[str, bytes | None] = {}
+    for rel in paths:
+        path = resolve_inside(root, rel)
+        if not path.exists():
+            out[rel] = None
+        elif not path.is_file():
+            raise TargetError(f"{rel}: {path} is not a regular file")
+        else:
+            try:
+                out[rel] = path.read_bytes()
+            except OSError as exc:
+                raise TargetError(f"cannot read {path}: {exc.strerror}") from None
+    return out
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
+    """Write `data` to a temporary file beside `path`, then rename it into place."""
+    tmp = path.with_name(f".{path.name}.vllm-patch-tmp")
+    if mode is None:
+        mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o644
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _is_read_only(path: Path) -> bool:
+    return not stat.S_IMODE(path.stat().st_mode) & stat.S_IWUSR
+
+
+def preflight(root: Path, changes: Mapping[str, bytes | None]) -> None:
+    """Refuse before any write when a file or directory to change is not writable."""
+    probed: set[Path] = set()
+    for rel in changes:
+        path = resolve_inside(root, rel)
+        if path.exists() and _is_read_only(path):
+            raise TargetError(f"{path} is read-only; nothing was changed")
+        parent = path.parent
+        while not parent.exists() and parent != root:
+            parent = parent.parent
+        if parent in probed:
+            continue
+        probed.add(parent)
+        if _is_read_only(parent):
+            raise TargetError(f"{parent} is read-only; nothing was changed")
+        probe = parent / ".vllm-patch-probe"
+        try:
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise TargetError(f"{parent} is not writable ({exc.strerror}); nothing was changed") from None
+
+
+@dataclass
+class Journal:
+    """The journal directory of one target."""
+
+    root: Path
+    directory: Path
+
+    @property
+    def file(self) -> Path:
+        return self.directory / JOURNAL_FILE
+
+    def pending(self) -> bool:
+        return self.file.exists()
+
+    def load(self) -> dict:
+        return json.loads(self.file.read_text())
+
+
+def _fault_countdown() -> Callable[[], None]:
+    """A test hook: SIGKILL this process after N file writes, to prove recovery."""
+    left = int(os.environ.get(FAULT_ENV, "0") or 0)
+
+    def tick() -> None:
+        nonlocal left
+        if left > 0:
+            left -= 1
+            if left == 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+    return tick
+
+
+def commit(journal: Journal, changes: Mapping[str, bytes | None],
+           modes: Mapping[str, int] | None = None, extra: dict | None = None,
+           finish: Callable[[dict], None] | None = None) -> None:
+    """Write every change or none. `finish` runs last (e.g. move a git ref), still
+    under the journal, and receives `extra`."""
+    root = journal.root
+    changes = {p: d for p, d in changes.items()}
+    if not changes and finish is None:
+        return
+    preflight(root, changes)
+    if journal.directory.exists():
+        raise TargetError(f"a journal is already present at {journal.directory}")
+    journal.directory.mkdir(parents=True)
+    entries = []
+    try:
+        for i, (rel, data) in enumerate(changes.items()):
+            path = resolve_inside(root, rel)
+            old = path.read_bytes() if path.exists() else None
+            backup = None
+            if old is not None:
+                backup = f"backup-{i}"
+                (journal.directory / backup).write_bytes(old)
+            missing_dirs = []
+            parent = path.parent
+            while not parent.exists():
+                missing_dirs.append(str(parent.relative_to(root)))
+                parent = parent.parent
+            entries.append({
+                "path": rel, "before": sha256(old), "after": sha256(data), "backup": backup,
+                "mode": stat.S_IMODE(path.stat().st_mode) if old is not None else None,
+                "new_mode": (modes or {}).get(rel), "created_dirs": missing_dirs,
+            })
+        for f in journal.directory.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        atomic_write(journal.file, json.dumps({"entries": entries, "extra": extra or {}}).encode())
+        _fsync_dir(journal.directory)
+    except BaseException:
+        shutil.rmtree(journal.directory, ignore_errors=True)
+        raise
+    tick = _fault_countdown()
+    try:
+        for entry in entries:
+            rel = entry["path"]
+            data = changes[rel]
+            path = resolve_inside(root, rel)
+            if data is None:
+                path.unlink(missing_ok=True)
+            else:
+                for d in reversed(entry["created_dirs"]):
+                    (root / d).mkdir(exist_ok=True)
+                atomic_write(path, data, entry["mode"] if entry["mode"] is not None else entry["new_mode"])
+            tick()
+        if finish is not None:
+            finish(extra or {})
+    except BaseException:
+        rollback(journal)
+        raise
+    shutil.rmtree(journal.directory)
+
+
+def rollback(journal: Journal) -> None:
+    """Restore every file recorded in the journal to its contents before the run."""
+    data = journal.load()
+    for entry in reversed(data["entries"]):
+        path = journal.root / entry["path"]
+        current = path.read_bytes() if path.is_file() else None
+        if sha256(current) == entry["before"]:
+            continue
+        if entry["backup"] is None:
+            path.unlink(missing_ok=True)
+        else:
+            atomic_write(path, (journal.directory / entry["backup"]).read_bytes(), entry["mode"])
+        for d in entry["created_dirs"]:
+            try:
+                (journal.root / d).rmdir()
+            except OSError:
+                pass
+    shutil.rmtree(journal.directory)
+
+
+def recover(journal: Journal, finish: Callable[[dict], None] | None = None,
+            undo: Callable[[dict], None] | None = None) -> str | None:
+    """Complete or undo an interrupted run; say which, or None when there was none."""
+    if not journal.directory.exists():
+        return None
+    if not journal.pending():
+        # Killed while backing up: no target file was touched yet.
+        shutil.rmtree(journal.directory)
+        return "removed the journal of a run interrupted before it wrote anything"
+    data = journal.load()
+    done = all(
+        sha256((journal.root / e["path"]).read_bytes() if (journal.root / e["path"]).is_file() else None)
+        == e["after"]
+        for e in data["entries"]
+    )
+    if done:
+        if finish is not None:
+            finish(data.get("extra", {}))
+        shutil.rmtree(journal.directory)
+        return f"completed an interrupted run ({len(data['entries'])} files were already written)"
+    if undo is not None:
+        undo(data.get("extra", {}))
+    rollback(journal)
+    return f"rolled back an interrupted run ({len(data['entries'])} files restored to their state before it)"
