@@ -7,7 +7,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from helpers import VERSION_PY, build_series  # noqa: E402
+from helpers import VERSION_PY, build_series, edit  # noqa: E402
 
 BASE = {
     "vllm/_version.py": VERSION_PY,
@@ -30,11 +30,6 @@ def tree(tmp_path: Path, base_files) -> Path:
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes(data)
     return root
-
-
-def edit(data: bytes, old: bytes, new: bytes) -> bytes:
-    assert data.count(old) == 1, old
-    return data.replace(old, new)
 
 
 @pytest.fixture

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
-PIN_LINES = """\
-#: version = 0.20.0
-#: tag = v0.20.0
-#: commit = b8160878f07fe6aff02deb12bc842df3fa4a9237
-#: sdist = vllm-0.20.0.tar.gz sha256:a6d50152936ee292455af3ffbe359f7a284ac43bf3b68caccf29f368e196cc72
-#: wheel = vllm-0.20.0-cp38-abi3-manylinux_2_35_x86_64.whl sha256:24d28892e210200f6e1bd13f699c42a74cd2bb7364c11248e2348f677c7f6dfb
-"""
+# The project's own pin (only its '#:' lines), so test series pin what the real one pins.
+PIN_LINES = "".join(line + "\n" for line in (Path(__file__).resolve().parents[1] / "series").read_text().splitlines()
+                    if line.startswith("#:"))
 
 VERSION_PY = b"__version__ = version = '0.20.0'\n__commit_id__ = commit_id = 'gb8160878f'\n"
 
@@ -81,12 +78,13 @@ def build_series(dest: Path, base: dict[str, bytes], steps: list[tuple[str, dict
 
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
-    """The installed console script, as a user runs it."""
-    return subprocess.run(["vllm-patch", *args], cwd=cwd, capture_output=True, text=True,
+    """The CLI in a fresh process, as a user runs it (the console script's entry point)."""
+    return subprocess.run([sys.executable, "-m", "vllm_patch", *args], cwd=cwd, capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, timeout=600)
 
 
-def make_site_packages(root: Path, files: dict[str, bytes], version: str = "0.20.0") -> Path:
+def make_site_packages(root: Path, files: dict[str, bytes], version: str = "0.20.0",
+                       newline: str = "\n") -> Path:
     """A site-packages dir holding a vLLM 'installed' from `files`, with a real RECORD."""
     from vllm_patch.record import make_line
 
@@ -99,5 +97,11 @@ def make_site_packages(root: Path, files: dict[str, bytes], version: str = "0.20
                f"{dist.name}/WHEEL": (dist / "WHEEL").read_bytes()}
     lines = [make_line(rel, data) for rel, data in entries.items()]
     lines.append(make_line(f"{dist.name}/RECORD", None))
-    (dist / "RECORD").write_text("".join(line + "\n" for line in lines))
+    (dist / "RECORD").write_bytes("".join(line + newline for line in lines).encode())
     return root
+
+
+def edit(data: bytes, old: bytes, new: bytes) -> bytes:
+    """Replace a snippet that must occur exactly once."""
+    assert data.count(old) == 1, old
+    return data.replace(old, new)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers import make_site_packages, snapshot
 
+from helpers import make_site_packages, snapshot
 from vllm_patch.cli import main
 
 

@@ -3,9 +3,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import edit
-from helpers import build_series
 
+from helpers import build_series, edit
 from vllm_patch.engine import HunkState, State, analyze, classify, decode
 from vllm_patch.errors import InputError
 from vllm_patch.series import load_series
@@ -33,7 +32,7 @@ def test_fresh_tree_applies_then_applied(two_patch_series, base_files):
 def test_prefix_applied_is_recognised(two_patch_series, base_files):
     patches = load_series(two_patch_series).patches
     a = analyze(patches, base_files)
-    after_first = {**base_files, **a.stages[0]}
+    after_first = {**base_files, **a.stage(0)}
     half = analyze(patches, after_first)
     assert half.consistent and half.applied == 1
     assert states(half) == [State.APPLIED, State.APPLIES]

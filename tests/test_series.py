@@ -3,11 +3,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import PIN_LINES
 
+from helpers import PIN_LINES
 from vllm_patch.errors import InputError
-from vllm_patch.series import load_series, parse_series_text
 from vllm_patch.pin import pin_from_fields
+from vllm_patch.series import load_series, parse_series_text
 
 
 def test_series_text_pin_and_names():

@@ -1,12 +1,13 @@
 from __future__ import annotations
 
 import pytest
-from helpers import git, git_repo, snapshot
 
+from helpers import git, git_repo, snapshot
 from vllm_patch import operations
 from vllm_patch.errors import PinMismatch, TargetError
 from vllm_patch.series import load_series
-from vllm_patch.targets import CheckoutTarget, open_target
+from vllm_patch.targets import open_target
+from vllm_patch.targets.checkout import CheckoutTarget
 
 
 @pytest.fixture
@@ -68,7 +69,7 @@ def test_killed_commit_run_rolls_back_files_and_head(checkout, two_patch_series)
     head = git(checkout, "rev-parse", "HEAD")
     before = snapshot(checkout)
     script = ("import sys; from pathlib import Path; from vllm_patch import operations; "
-              "from vllm_patch.series import load_series; from vllm_patch.targets import CheckoutTarget; "
+              "from vllm_patch.series import load_series; from vllm_patch.targets.checkout import CheckoutTarget; "
               "operations.apply(CheckoutTarget(Path(sys.argv[1])), load_series(Path(sys.argv[2])), "
               "commit_each=True)")
     proc = subprocess.run([sys.executable, "-c", script, str(checkout), str(two_patch_series)],

@@ -3,8 +3,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import make_site_packages, snapshot
 
+from helpers import make_site_packages, snapshot
 from vllm_patch import operations
 from vllm_patch.errors import PinMismatch, TargetError
 from vllm_patch.series import load_series
@@ -53,8 +53,7 @@ def test_round_trip_restores_every_byte_and_record(site, two_patch_series):
 
 
 def test_revert_uses_the_recorded_patches_after_the_series_changed(site, two_patch_series, tmp_path, base_files):
-    from conftest import edit
-    from helpers import build_series
+    from helpers import build_series, edit
     before = {k: v for k, v in snapshot(site).items() if not k.endswith(".pyc")}
     operations.apply(SitePackagesTarget(site), load_series(two_patch_series))
     b2 = edit(base_files["vllm/b.py"], b"return 2\n", b"return 22\n")
@@ -68,6 +67,17 @@ def test_revert_uses_the_recorded_patches_after_the_series_changed(site, two_pat
     operations.revert(SitePackagesTarget(site), load_series(two_patch_series))
     after = {k: v for k, v in snapshot(site).items() if not k.endswith(".pyc")}
     assert after == before
+
+
+def test_crlf_record_as_pip_writes_it_survives_a_round_trip(tmp_path, base_files, two_patch_series):
+    site = make_site_packages(tmp_path / "crlf", base_files, newline="\r\n")
+    record = site / "vllm-0.20.0.dist-info/RECORD"
+    before = record.read_bytes()
+    operations.apply(SitePackagesTarget(site), load_series(two_patch_series))
+    assert b"vllm/new_kernel.py,sha256=" in record.read_bytes() and b"\r\n" in record.read_bytes()
+    assert b"\n" not in record.read_bytes().replace(b"\r\n", b"")
+    operations.revert(SitePackagesTarget(site), load_series(two_patch_series))
+    assert record.read_bytes() == before
 
 
 def test_file_edited_by_another_tool_is_refused(site, two_patch_series):

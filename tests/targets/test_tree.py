@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 import pytest
-from helpers import snapshot
 
+from helpers import snapshot
 from vllm_patch import operations
 from vllm_patch.errors import PatchFailed, PinMismatch
 from vllm_patch.series import load_series

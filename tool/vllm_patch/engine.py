@@ -175,7 +175,7 @@ class Analysis:
 
     When `consistent`, the target holds the base plus the first `applied`
     patches; `base` and `patched` are then the contents without any patch and
-    with all of them, and `stages[i]` the contents after patch i.
+    with all of them, and `stage(i)` the contents after patch i.
     """
 
     reports: list[PatchReport]
@@ -183,7 +183,11 @@ class Analysis:
     applied: int = 0
     base: Contents = field(default_factory=dict)
     patched: Contents = field(default_factory=dict)
-    stages: list[Contents] = field(default_factory=list)
+    stages: list[dict[str, Lines | None]] = field(default_factory=list, repr=False)
+
+    def stage(self, i: int) -> Contents:
+        """The contents after patch i (0-based); encoded on demand, as few need them."""
+        return {p: encode(v) for p, v in self.stages[i].items()}
 
     @property
     def verdict(self) -> str:
@@ -194,7 +198,10 @@ class Analysis:
         return "applies" if self.applied == 0 else "partly applied"
 
 
-def _walk(patches: Sequence[Patch], files: dict[str, Lines | None]) -> tuple[list[PatchReport], dict[str, Lines | None], list[dict[str, Lines | None]]] | None:
+Files = dict[str, "Lines | None"]
+
+
+def _walk(patches: Sequence[Patch], files: Files) -> tuple[list[PatchReport], Files, list[Files]] | None:
     """Apply `patches` in order; None as soon as one does not apply."""
     reports, stages = [], []
     for patch in patches:
@@ -240,7 +247,7 @@ def analyze(patches: Sequence[Patch], contents: Mapping[str, bytes | None]) -> A
             reports, True, k,
             base={p: encode(v) for p, v in base_files.items()},
             patched={p: encode(v) for p, v in patched_files.items()},
-            stages=[{p: encode(v) for p, v in s.items()} for s in stages],
+            stages=stages,
         )
     return Analysis(_diagnose(patches, files), False)
 

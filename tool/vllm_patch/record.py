@@ -42,13 +42,20 @@ def entry_of(line: str) -> RecordEntry | None:
         return None
 
 
-def entries(lines: list[str]) -> dict[str, tuple[int, RecordEntry]]:
-    """Path -> (line number, entry)."""
+def index(lines: list[str]) -> dict[str, int]:
+    """Path -> line number, read with one csv pass (RECORDs list thousands of files)."""
+    return {row[0]: i for i, row in enumerate(csv.reader(lines)) if len(row) == 3}
+
+
+def entries(lines: list[str], paths: list[str] | None = None) -> dict[str, tuple[int, RecordEntry]]:
+    """Path -> (line number, entry) for `paths` (default: every line)."""
+    at = index(lines)
     out = {}
-    for i, line in enumerate(lines):
-        entry = entry_of(line)
-        if entry is not None:
-            out[entry.path] = (i, entry)
+    for path in at if paths is None else paths:
+        if path in at:
+            entry = entry_of(lines[at[path]])
+            if entry is not None:
+                out[path] = (at[path], entry)
     return out
 
 

@@ -6,7 +6,6 @@ from pathlib import Path
 
 from ..errors import TargetError
 from .base import Target
-from .checkout import CheckoutTarget
 from .site_packages import SitePackagesTarget, find_dist_info, site_packages_of
 from .tree import TreeTarget
 
@@ -32,10 +31,11 @@ def open_target(spec: str, kind: str = "auto", python: str | None = None) -> Tar
         else:
             kind = "tree"
     if kind == "checkout":
+        from .checkout import CheckoutTarget  # GitPython is slow to import: only when needed
         return CheckoutTarget(path)
     if kind == "site-packages":
         return SitePackagesTarget(path)
     return TreeTarget(path)
 
 
-__all__ = ["KINDS", "CheckoutTarget", "SitePackagesTarget", "Target", "TreeTarget", "open_target"]
+__all__ = ["KINDS", "SitePackagesTarget", "Target", "TreeTarget", "open_target"]

@@ -113,9 +113,9 @@ class CheckoutTarget(Target):
             self.repo.git.read_tree(head, env=env)
             parent = head
             if keep >= analysis.applied:
-                steps = [(patches[i], analysis.stages[i], "") for i in range(analysis.applied, keep)]
+                steps = [(patches[i], analysis.stage(i), "") for i in range(analysis.applied, keep)]
             else:
-                steps = [(patches[i], analysis.stages[i - 1] if i else analysis.base, "Revert \"")
+                steps = [(patches[i], analysis.stage(i - 1) if i else analysis.base, "Revert \"")
                          for i in range(analysis.applied - 1, keep - 1, -1)]
             for patch, contents, revert in steps:
                 for rel in patch.paths:
@@ -149,7 +149,8 @@ class CheckoutTarget(Target):
 
 
 def _stdin(data: bytes):
-    tmp = tempfile.TemporaryFile()
+    """A real file for git's stdin (GitPython hands it to Popen, which needs a descriptor)."""
+    tmp = tempfile.TemporaryFile()  # noqa: SIM115 - closed by the caller's garbage collection
     tmp.write(data)
     tmp.seek(0)
     return tmp

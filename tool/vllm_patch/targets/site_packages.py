@@ -17,11 +17,10 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from .. import __version__
+from .. import __version__, record
 from ..engine import Analysis, Contents
 from ..errors import InputError, TargetError
 from ..patchfile import Patch, parse_patch
-from .. import record
 from .base import Found, Plan, Target
 
 STATE_FILE = "vllm_patch.json"
@@ -109,9 +108,10 @@ class SitePackagesTarget(Target):
 
     def _record_text(self) -> str:
         try:
-            return (self.root / self.record_path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise TargetError(f"cannot read {self.record_path}: {exc.strerror}") from None
+            # Bytes, not read_text(): pip writes RECORD with CRLF and a revert must keep it.
+            return (self.root / self.record_path).read_bytes().decode("utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise TargetError(f"cannot read {self.record_path}: {exc}") from None
 
     def state(self) -> dict | None:
         path = self.root / self.state_path
@@ -133,7 +133,7 @@ class SitePackagesTarget(Target):
 
     def verify_before_write(self, paths: list[str], contents: Contents, analysis: Analysis) -> None:
         lines, _ = record.parse_lines(self._record_text())
-        known = record.entries(lines)
+        known = record.entries(lines, paths)
         for rel in paths:
             data = contents.get(rel)
             if rel not in known:
@@ -151,9 +151,8 @@ class SitePackagesTarget(Target):
 
     def integrity(self, paths: list[str], full: bool) -> list[str]:
         lines, _ = record.parse_lines(self._record_text())
-        known = record.entries(lines)
-        check = [p for p, (_, e) in known.items() if e.hash_ is not None] if full else \
-            [p for p in paths if p in known]
+        known = record.entries(lines, None if full else paths)
+        check = [p for p, (_, e) in known.items() if e.hash_ is not None]
         problems = []
         for rel in check:
             if "/__pycache__/" in f"/{rel}" and rel.endswith(".pyc"):
@@ -179,7 +178,7 @@ class SitePackagesTarget(Target):
         originals = dict(prior)
         text = self._record_text()
         lines, newline = record.parse_lines(text)
-        known = record.entries(lines)
+        known = {p: (i, None) for p, i in record.index(lines).items()}
         kept = patches[:keep]
         sources = [rel for rel in changes if not rel.endswith(".pyc")]
         for rel in sources:

@@ -1,0 +1,36 @@
+# vllm-patch: `make help` lists the targets.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+SERIES_ARGS ?=
+
+.PHONY: help setup check test unit lint bench clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+
+$(BIN)/vllm-patch: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[test]'
+	@touch $@
+
+setup: $(BIN)/vllm-patch ## create .venv with vllm-patch and the test tools
+
+check: setup ## check the series on the pinned vLLM release (downloads and caches its sdist)
+	$(BIN)/vllm-patch $(SERIES_ARGS) series
+	$(BIN)/vllm-patch $(SERIES_ARGS) check
+
+lint: setup ## ruff
+	$(BIN)/ruff check tool tests benchmarks
+
+unit: setup ## the fast tests only (no download)
+	$(BIN)/pytest -q -m "not integration"
+
+test: setup lint ## lint, then every test (the real vLLM sdist and wheel are downloaded once and cached)
+	$(BIN)/pytest -q
+
+bench: setup ## benchmark check/apply/revert on the real vLLM tree
+	$(BIN)/python benchmarks/bench_core.py
+
+clean: ## remove the venv and build leftovers (not the download cache)
+	rm -rf $(VENV) build dist tool/*.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,105 @@
+"""The downloader against a real HTTP index served on loopback."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import io
+import json
+import tarfile
+import threading
+from pathlib import Path
+
+import pytest
+
+from vllm_patch import upstream
+from vllm_patch.errors import DownloadError
+from vllm_patch.pin import Artifact
+
+
+def make_sdist() -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        data = b"__version__ = '0.20.0'\n"
+        info = tarfile.TarInfo("vllm-0.20.0/vllm/_version.py")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+@pytest.fixture
+def index(tmp_path, monkeypatch):
+    """A PEP 691 index on 127.0.0.1 serving one sdist; `files` can be edited by tests."""
+    payload = make_sdist()
+    state = {"payload": payload, "indexed": hashlib.sha256(payload).hexdigest()}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's API
+            if self.path == "/simple/vllm/":
+                body = json.dumps({"files": [{"filename": "vllm-0.20.0.tar.gz",
+                                              "url": f"http://127.0.0.1:{port}/files/vllm-0.20.0.tar.gz",
+                                              "hashes": {"sha256": state["indexed"]}}]}).encode()
+            elif self.path == "/files/vllm-0.20.0.tar.gz":
+                body = state["payload"]
+            else:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("VLLM_PATCH_INDEX_URL", f"http://127.0.0.1:{port}/simple")
+    monkeypatch.setenv("VLLM_PATCH_CACHE", str(tmp_path / "cache"))
+    yield state
+    server.shutdown()
+
+
+def test_download_is_checked_cached_and_unpacked(index, tmp_path):
+    artifact = Artifact("vllm-0.20.0.tar.gz", hashlib.sha256(index["payload"]).hexdigest())
+    path = upstream.fetch(artifact, quiet=True)
+    assert path.read_bytes() == index["payload"]
+    index["payload"] = b"served differently now"
+    assert upstream.fetch(artifact, quiet=True).read_bytes() != index["payload"]  # from the cache
+    tree = upstream.unpack_sdist(path, artifact.sha256, tmp_path / "trees")
+    assert (tree / "vllm/_version.py").is_file()
+    assert upstream.unpack_sdist(path, artifact.sha256, tmp_path / "trees") == tree
+
+
+def test_sha256_mismatch_leaves_nothing_in_the_cache(index, tmp_path):
+    artifact = Artifact("vllm-0.20.0.tar.gz", "0" * 64)
+    index["indexed"] = "0" * 64  # the index agrees with the pin, the bytes do not
+    with pytest.raises(DownloadError, match="does not match the pin"):
+        upstream.fetch(artifact, quiet=True)
+    assert not any((tmp_path / "cache" / "downloads").iterdir())
+
+
+def test_index_hash_differing_from_the_pin_is_refused(index):
+    with pytest.raises(DownloadError, match="the index says sha256"):
+        upstream.fetch(Artifact("vllm-0.20.0.tar.gz", "1" * 64), quiet=True)
+
+
+def test_unknown_file_and_unreachable_index(index, monkeypatch):
+    with pytest.raises(DownloadError, match="is not on"):
+        upstream.fetch(Artifact("vllm-9.9.9.tar.gz", "1" * 64), quiet=True)
+    monkeypatch.setenv("VLLM_PATCH_INDEX_URL", "http://127.0.0.1:9/simple")
+    with pytest.raises(DownloadError, match="cannot list"):
+        upstream.fetch(Artifact("vllm-9.9.9.tar.gz", "1" * 64), quiet=True)
+
+
+def test_corrupted_cached_file_is_downloaded_again(index):
+    artifact = Artifact("vllm-0.20.0.tar.gz", hashlib.sha256(index["payload"]).hexdigest())
+    path = upstream.fetch(artifact, quiet=True)
+    path.write_bytes(b"bit rot")
+    assert upstream.fetch(artifact, quiet=True).read_bytes() == index["payload"]
+
+
+def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("VLLM_PATCH_CACHE", str(tmp_path / "c"))
+    assert upstream.cache_root() == Path(tmp_path / "c")
