@@ -165,3 +165,20 @@ def test_series_command(two_patch_series):
     data = json.loads(result.stdout)
     assert data["pin"]["version"] == "0.20.0" and len(data["patches"]) == 2
     assert data["patches"][0]["trailers"]["Origin"] == "vendor"
+
+
+def test_concurrent_run_fails_with_a_clear_message(tree, two_patch_series):
+    import subprocess
+    import sys
+    hold = ("import sys, time\nfrom pathlib import Path\nfrom vllm_patch.locking import target_lock\n"
+            "with target_lock(Path(sys.argv[1])):\n    print('held', flush=True)\n    time.sleep(5)\n")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(tree)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = snapshot(tree)
+        result = run(two_patch_series, "apply", "--target", str(tree), "--wait", "0.2")
+        assert result.exit_code == 2 and "another vllm-patch run is working on" in error_lines(result)[0]
+        assert snapshot(tree) == before
+    finally:
+        holder.kill()
+        holder.wait()

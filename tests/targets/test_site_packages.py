@@ -105,3 +105,25 @@ def test_other_vllm_version_is_refused(tmp_path, base_files, two_patch_series):
 def test_missing_distribution(tmp_path):
     with pytest.raises(TargetError, match="no vllm-"):
         SitePackagesTarget(tmp_path)
+
+
+def test_running_interpreter_without_vllm_is_a_clear_error(two_patch_series):
+    from click.testing import CliRunner
+
+    from vllm_patch.cli import main
+    result = CliRunner().invoke(main, ["--series", str(two_patch_series), "status", "--target", "site-packages"])
+    assert result.exit_code == 2 and "no vLLM distribution is installed for" in result.stderr
+
+
+def test_revert_refuses_when_it_would_not_restore_the_recorded_bytes(site, two_patch_series):
+    series = load_series(two_patch_series)
+    operations.apply(SitePackagesTarget(site), series)
+    state_file = site / f"vllm-0.20.0.dist-info/{STATE_FILE}"
+    state = json.loads(state_file.read_text())
+    line = state["record"]["vllm/b.py"]
+    state["record"]["vllm/b.py"] = line.replace("sha256=", "sha256=AAAA", 1)
+    state_file.write_text(json.dumps(state))
+    before = snapshot(site)
+    with pytest.raises(TargetError, match="would not restore the original vllm/b.py"):
+        operations.revert(SitePackagesTarget(site), series)
+    assert snapshot(site) == before

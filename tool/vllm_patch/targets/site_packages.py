@@ -200,6 +200,7 @@ class SitePackagesTarget(Target):
             data = changes[rel]
             if not kept and rel in prior:
                 wanted[rel] = prior[rel]
+                self._check_restores(rel, prior[rel], data)
             else:
                 wanted[rel] = None if data is None else record.make_line(rel, data)
         if self.state_path in changes and (not kept or self.state_path not in known):
@@ -214,6 +215,15 @@ class SitePackagesTarget(Target):
         if new_record != text.encode("utf-8"):
             changes[self.record_path] = new_record
         return Plan(changes)
+
+    def _check_restores(self, rel: str, line: str | None, data: bytes | None) -> None:
+        """A revert must give back the bytes the original RECORD line describes."""
+        entry = record.entry_of(line) if line is not None else None
+        if line is None and data is None:
+            return
+        if entry is None or data is None or (entry.hash_ is not None and not record.matches(entry, data)):
+            raise TargetError(f"reverting would not restore the original {rel} recorded in "
+                              f"{self.state_path}; nothing was changed; reinstall vLLM")
 
     def _insert_at(self, lines: list[str]) -> int:
         """New entries go before the dist-info's own RECORD line, as pip orders them."""
