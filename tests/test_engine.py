@@ -121,3 +121,33 @@ def test_decode_keeps_terminators():
     assert decode("x", b"a\r\nb\nc") == ["a\r\n", "b\n", "c"]
     assert decode("x", b"") == []
     assert decode("x", None) is None
+
+
+def test_append_at_end_of_file_round_trips(tmp_path):
+    base = {"f.py": b"a\nb\nc\nd\n"}
+    patches = series_of(tmp_path, base, [("append", {"f.py": b"a\nb\nc\nd\ne\nf\n"})])
+    a = analyze(patches, base)
+    assert a.consistent and states(a) == [State.APPLIES]
+    done = analyze(patches, {**base, **a.patched})
+    assert done.consistent and done.applied == 1 and done.base["f.py"] == base["f.py"]
+
+
+def test_insert_at_start_and_delete_trailing_lines_round_trip(tmp_path):
+    base = {"f.py": b"a\nb\nc\nd\ne\nf\ng\nh\n"}
+    steps = [("edit both ends", {"f.py": b"new\na\nb\nc\nd\ne\nf\n"})]
+    patches = series_of(tmp_path, base, steps)
+    a = analyze(patches, base)
+    assert a.consistent and states(a) == [State.APPLIES]
+    assert a.patched["f.py"] == b"new\na\nb\nc\nd\ne\nf\n"
+    done = analyze(patches, {**base, **a.patched})
+    assert done.applied == 1 and done.base["f.py"] == base["f.py"]
+
+
+def test_filling_and_emptying_files_keep_them(tmp_path):
+    base = {"empty/__init__.py": b"", "full.py": b"x = 1\n"}
+    patches = series_of(tmp_path, base, [("fill and empty", {"empty/__init__.py": b"y = 2\n", "full.py": b""})])
+    assert [(f.path, f.kind) for f in patches[0].files] == [("empty/__init__.py", "modify"), ("full.py", "modify")]
+    a = analyze(patches, base)
+    assert a.consistent and a.patched == {"empty/__init__.py": b"y = 2\n", "full.py": b""}
+    done = analyze(patches, {**base, **a.patched})
+    assert done.applied == 1 and done.base == base

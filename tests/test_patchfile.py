@@ -149,3 +149,9 @@ def test_same_file_twice_is_refused():
 def test_non_utf8_patch():
     with pytest.raises(InputError, match="UTF-8"):
         parse_patch("p", GOOD.replace(b"TWO", b"T\xffO"))
+
+
+def test_undecodable_subject_is_kept_raw_not_a_crash():
+    for subject in (b"=?x-unknown?q?fix?=", b"=?utf-8?q?caf=E9?="):
+        p = parse_patch("p", GOOD.replace(b"[PATCH 1/2] TurboQuant: fix the thing", subject))
+        assert p.subject == subject.decode()

@@ -110,3 +110,19 @@ def test_symlink_leading_outside_is_refused(tmp_path):
     with pytest.raises(TargetError, match="symlink"):
         commit(journal(root), {"pkg/f.py": b"x"})
     assert (outside / "f.py").read_bytes() == b"secret"
+
+
+def test_unreadable_journal_is_a_clear_error(tmp_path):
+    (tmp_path / ".journal").mkdir()
+    (tmp_path / ".journal" / "journal.json").write_text("{trunc")
+    with pytest.raises(TargetError, match="unreadable"):
+        recover(journal(tmp_path))
+
+
+def test_directories_created_for_a_new_file_are_removed_on_rollback(tmp_path):
+    def boom(extra):
+        raise RuntimeError("late failure")
+
+    with pytest.raises(RuntimeError):
+        commit(journal(tmp_path), {"deep/er/new.py": b"n"}, extra={"x": 1}, finish=boom)
+    assert not (tmp_path / "deep").exists()

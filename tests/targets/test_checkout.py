@@ -78,3 +78,31 @@ def test_killed_commit_run_rolls_back_files_and_head(checkout, two_patch_series)
     out = operations.status(CheckoutTarget(checkout), load_series(two_patch_series))
     assert "rolled back" in out.recovered
     assert snapshot(checkout) == before and git(checkout, "rev-parse", "HEAD") == head
+
+
+def test_held_index_lock_leaves_head_and_files_alone(checkout, two_patch_series):
+    head = git(checkout, "rev-parse", "HEAD")
+    before = snapshot(checkout)
+    (checkout / ".git/index.lock").write_bytes(b"")
+    try:
+        with pytest.raises(TargetError):
+            operations.apply(CheckoutTarget(checkout), load_series(two_patch_series), commit_each=True)
+    finally:
+        (checkout / ".git/index.lock").unlink()
+    assert git(checkout, "rev-parse", "HEAD") == head and snapshot(checkout) == before
+    assert not (checkout / ".git/vllm-patch-journal").exists()
+
+
+def test_commit_refused_when_the_series_sits_uncommitted(checkout, two_patch_series):
+    series = load_series(two_patch_series)
+    operations.apply(CheckoutTarget(checkout), series)
+    with pytest.raises(TargetError, match="applied in the work tree but not committed"):
+        operations.revert(CheckoutTarget(checkout), series, commit_each=True)
+    operations.revert(CheckoutTarget(checkout), series)
+    assert git(checkout, "status", "--porcelain") == b""
+
+
+def test_dry_run_with_commit_writes_no_git_object(checkout, two_patch_series):
+    objects = git(checkout, "count-objects", "-v")
+    operations.apply(CheckoutTarget(checkout), load_series(two_patch_series), commit_each=True, dry_run=True)
+    assert git(checkout, "count-objects", "-v") == objects

@@ -127,3 +127,26 @@ def test_revert_refuses_when_it_would_not_restore_the_recorded_bytes(site, two_p
     with pytest.raises(TargetError, match="would not restore the original vllm/b.py"):
         operations.revert(SitePackagesTarget(site), series)
     assert snapshot(site) == before
+
+
+def test_record_line_of_a_deleted_file_returns_to_its_place(tmp_path, base_files):
+    from helpers import build_series
+    site = make_site_packages(tmp_path / "del", base_files)
+    record = site / "vllm-0.20.0.dist-info/RECORD"
+    record.write_bytes(record.read_bytes().rstrip(b"\n"))  # and no final newline
+    before = record.read_bytes()
+    series = load_series(build_series(tmp_path / "s", base_files, [("drop b", {"vllm/b.py": None})]))
+    operations.apply(SitePackagesTarget(site), series)
+    assert b"vllm/b.py," not in record.read_bytes()
+    operations.revert(SitePackagesTarget(site), series)
+    assert record.read_bytes() == before
+
+
+def test_malformed_state_file_is_a_clear_error(site, two_patch_series):
+    operations.apply(SitePackagesTarget(site), load_series(two_patch_series))
+    state_file = site / f"vllm-0.20.0.dist-info/{STATE_FILE}"
+    state = json.loads(state_file.read_text())
+    state["patches"][0]["text"] = None
+    state_file.write_text(json.dumps(state))
+    with pytest.raises(TargetError, match="malformed"):
+        operations.revert(SitePackagesTarget(site), load_series(two_patch_series))

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
-from helpers import snapshot
+from helpers import PIN_LINES, git, git_repo, snapshot, write_tree
 from vllm_patch import operations
 from vllm_patch.errors import PatchFailed, PinMismatch
 from vllm_patch.series import load_series
@@ -72,3 +75,26 @@ def test_interrupted_apply_is_recovered_by_next_command(tree, two_patch_series, 
     out = operations.status(TreeTarget(tree), load_series(two_patch_series))
     assert out.recovered and "rolled back" in out.recovered
     assert snapshot(tree) == before and out.verdict == "applies"
+
+
+def test_modes_of_created_and_restored_files(tmp_path, base_files):
+    base = {**base_files, "vllm/tool.sh": b"#!/bin/sh\necho old\n"}
+    work = git_repo(tmp_path / "work", base)
+    os.chmod(work / "vllm/tool.sh", 0o755)
+    git(work, "commit", "-q", "-am", "tool.sh is executable")
+    write_tree(work, {"vllm/new.sh": b"#!/bin/sh\necho new\n", "vllm/tool.sh": None})
+    os.chmod(work / "vllm/new.sh", 0o755)
+    git(work, "add", "-A")
+    git(work, "commit", "-q", "-m", "add one script, drop another\n\nOrigin: vendor\n")
+    series_dir = tmp_path / "s"
+    out = git(work, "format-patch", "--no-renames", "-o", str(series_dir / "patches"), "HEAD~1")
+    (series_dir / "series").write_text(PIN_LINES + Path(out.decode().strip()).name + "\n")
+    root = tmp_path / "t"
+    write_tree(root, base)
+    os.chmod(root / "vllm/tool.sh", 0o755)
+    series = load_series(series_dir)
+    operations.apply(TreeTarget(root), series)
+    assert (root / "vllm/new.sh").stat().st_mode & 0o777 == 0o755
+    assert not (root / "vllm/tool.sh").exists()
+    operations.revert(TreeTarget(root), series)
+    assert (root / "vllm/tool.sh").stat().st_mode & 0o777 == 0o755

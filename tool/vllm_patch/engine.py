@@ -103,6 +103,23 @@ def _one_based(hits: list[int]) -> tuple[int, ...]:
     return tuple(h + 1 for h in hits)
 
 
+def _unexplained(pre_hits: list[int], post_hits: list[int], pre: tuple[str, ...],
+                 post: tuple[str, ...]) -> tuple[list[int], list[int]]:
+    """Drop the matches of one image that lie inside a match of the other.
+
+    A hunk that appends at the end of a file (or inserts at its start) has a
+    post-image that contains its pre-image; one that deletes trailing lines has the
+    reverse. Such a nested match says nothing about where else the image occurs.
+    """
+    if len(pre) < len(post):
+        inner = {p + o for p in post_hits for o in find_block(post, pre)}
+        return [h for h in pre_hits if h not in inner], post_hits
+    if len(post) < len(pre):
+        inner = {p + o for p in pre_hits for o in find_block(pre, post)}
+        return pre_hits, [h for h in post_hits if h not in inner]
+    return pre_hits, post_hits
+
+
 def _classify_file(fd: FileDiff, lines: Lines | None) -> tuple[list[HunkReport], Lines | None]:
     """Classify a file's hunks in order, applying the pending ones as it goes."""
     reports: list[HunkReport] = []
@@ -124,8 +141,17 @@ def _classify_file(fd: FileDiff, lines: Lines | None) -> tuple[list[HunkReport],
                                       reason="file does not exist"))
         return reports, None
     for h in fd.hunks:
-        pre = find_block(lines, h.pre)
-        post = find_block(lines, h.post) if h.post else []
+        if not h.pre or not h.post:
+            # Fills an empty file, or empties one: the hunk is the whole file.
+            whole_pre, whole_post = list(h.pre), list(h.post)
+            pending, done = lines == whole_pre, lines == whole_post
+            state = HunkState.PENDING if pending else HunkState.DONE if done else HunkState.CONFLICT
+            if pending:
+                lines = whole_post
+            reports.append(HunkReport(fd.path, h.index, h.source_start, state,
+                                      reason="" if pending or done else "the file is not what the hunk expects"))
+            continue
+        pre, post = _unexplained(find_block(lines, h.pre), find_block(lines, h.post), h.pre, h.post)
         if len(pre) == 1 and not post:
             state = HunkState.PENDING
             lines = splice(lines, pre[0], len(h.pre), h.post)
@@ -255,3 +281,8 @@ def analyze(patches: Sequence[Patch], contents: Mapping[str, bytes | None]) -> A
 def touched(patches: Sequence[Patch]) -> list[str]:
     """Every path the patches touch, in first-seen order."""
     return list(dict.fromkeys(p for patch in patches for p in patch.paths))
+
+
+def created_modes(patches: Sequence[Patch]) -> dict[str, int]:
+    """The mode of each file the patches create (git's ``new file mode``)."""
+    return {fd.path: fd.mode for patch in patches for fd in patch.files if fd.kind == "add"}

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .engine import Analysis, Contents, analyze, touched
+from .engine import Analysis, Contents, analyze, created_modes, touched
 from .errors import PatchFailed
 from .locking import target_lock
 from .patchfile import Patch
@@ -121,6 +121,7 @@ def apply(target: Target, series: Series, dry_run: bool = False, force: bool = F
         if not analysis.consistent:
             raise PatchFailedWith(_fail(outcome))
         plan = target.plan(analysis, new, list(series.patches), len(series.patches), commit_each)
+        plan.modes.update(created_modes(list(series.patches)))
         outcome.changed = sorted(plan.changes)
         if not dry_run:
             target.commit(plan)
@@ -148,6 +149,7 @@ def revert(target: Target, series: Series, dry_run: bool = False, force: bool = 
         if not analysis.consistent:
             raise PatchFailedWith(_fail(outcome))
         plan = target.plan(analysis, {**contents, **analysis.base}, patches, 0, commit_each)
+        plan.modes.update(created_modes([p.inverted() for p in patches]))
         outcome.changed = sorted(plan.changes)
         if not dry_run:
             target.commit(plan)

@@ -103,8 +103,12 @@ class Patch:
 
 
 def _decode_header(value: str) -> str:
-    parts = email.header.decode_header(value)
-    return "".join(p.decode(c or "utf-8") if isinstance(p, bytes) else p for p, c in parts)
+    """RFC 2047 words decoded; an unknown or wrong charset keeps the raw text."""
+    try:
+        parts = email.header.decode_header(value)
+        return "".join(p.decode(c or "utf-8") if isinstance(p, bytes) else p for p, c in parts)
+    except (LookupError, UnicodeDecodeError, ValueError):
+        return value
 
 
 def split_mail(name: str, text: str) -> tuple[dict[str, str], str, str]:
@@ -258,10 +262,13 @@ def parse_diff(name: str, diff_text: str) -> tuple[FileDiff, ...]:
             target = _strip_prefix(pf.target_file, "b/") if pf.target_file else None
         except InputError as exc:
             raise InputError(f"{name}: {exc.message}") from None
-        if pf.is_added_file:
+        # The kind comes from git's headers: unidiff also calls a hunk that fills an
+        # empty file "added" and one that empties a file "removed".
+        info = str(pf.patch_info or "")
+        if re.search(r"^new file mode ", info, flags=re.M) or pf.source_file == "/dev/null":
             kind: FileKind = "add"
             path = target or pf.path
-        elif pf.is_removed_file:
+        elif re.search(r"^deleted file mode ", info, flags=re.M) or pf.target_file == "/dev/null":
             kind = "delete"
             path = source or pf.path
         else:
@@ -277,16 +284,16 @@ def parse_diff(name: str, diff_text: str) -> tuple[FileDiff, ...]:
         seen.add(path)
         hunks = tuple(_hunk_images(name, path, h, i) for i, h in enumerate(pf, 1))
         for h in hunks:
-            if kind == "modify" and not h.pre:
+            if kind == "modify" and not h.pre and not (h.source_start == 0 and len(hunks) == 1):
                 raise InputError(f"{name}: {path}: hunk {h.index} has no anchor (no context "
                                  "or removed lines); regenerate it with context")
             if kind == "add" and h.pre or kind == "delete" and h.post:
                 raise InputError(f"{name}: {path}: hunk {h.index} does not match its file's "
                                  "new/deleted header")
         if kind != "modify":
-            _check_blob(name, path, kind, hunks, str(pf.patch_info or ""))
+            _check_blob(name, path, kind, hunks, info)
         mode = 0o644
-        m = re.search(r"^(?:new|deleted) file mode (\d+)$", str(pf.patch_info or ""), flags=re.M)
+        m = re.search(r"^(?:new|deleted) file mode (\d+)$", info, flags=re.M)
         if m and int(m.group(1), 8) & 0o111:
             mode = 0o755
         files.append(FileDiff(path, kind, hunks, mode))

@@ -10,6 +10,7 @@ import base64
 import csv
 import hashlib
 import io
+from dataclasses import dataclass
 
 from installer.records import Hash, RecordEntry, parse_record_file
 
@@ -20,17 +21,28 @@ def record_hash(data: bytes) -> str:
     return f"sha256={digest}"
 
 
-def parse_lines(text: str) -> tuple[list[str], str]:
-    """RECORD as a list of lines without terminators, plus the terminator it uses."""
+@dataclass
+class RecordText:
+    """RECORD as lines without terminators, with the terminator it uses and whether
+    its last line has one, so it can be written back byte for byte."""
+
+    lines: list[str]
+    newline: str = "\n"
+    final_newline: bool = True
+
+    def text(self, lines: list[str] | None = None) -> str:
+        lines = self.lines if lines is None else lines
+        out = self.newline.join(lines)
+        return out + self.newline if lines and self.final_newline else out
+
+
+def parse_lines(text: str) -> RecordText:
     newline = "\r\n" if "\r\n" in text else "\n"
     lines = text.split(newline)
-    if lines and lines[-1] == "":
+    final = bool(lines) and lines[-1] == ""
+    if final:
         lines.pop()
-    return lines, newline
-
-
-def join_lines(lines: list[str], newline: str) -> str:
-    return "".join(line + newline for line in lines)
+    return RecordText(lines, newline, final or not text)
 
 
 def entry_of(line: str) -> RecordEntry | None:

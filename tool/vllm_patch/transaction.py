@@ -128,7 +128,15 @@ class Journal:
         return self.file.exists()
 
     def load(self) -> dict:
-        return json.loads(self.file.read_text())
+        try:
+            data = json.loads(self.file.read_text(encoding="utf-8"))
+            for entry in data["entries"]:
+                entry["path"], entry["before"], entry["after"], entry["backup"]  # noqa: B018 - shape check
+            return data
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise TargetError(f"the journal {self.file} of an interrupted run is unreadable ({exc}); "
+                              "restore the target by hand (reinstall vLLM or git checkout), then delete "
+                              f"{self.directory}") from None
 
 
 def _fault_countdown() -> Callable[[], None]:
@@ -146,9 +154,10 @@ def _fault_countdown() -> Callable[[], None]:
 
 def commit(journal: Journal, changes: Mapping[str, bytes | None],
            modes: Mapping[str, int] | None = None, extra: dict | None = None,
-           finish: Callable[[dict], None] | None = None) -> None:
+           finish: Callable[[dict], None] | None = None,
+           undo: Callable[[dict], None] | None = None) -> None:
     """Write every change or none. `finish` runs last (e.g. move a git ref), still
-    under the journal, and receives `extra`."""
+    under the journal, and receives `extra`; `undo` reverses it on failure."""
     root = journal.root
     changes = {p: d for p, d in changes.items()}
     if not changes and finish is None:
@@ -200,7 +209,11 @@ def commit(journal: Journal, changes: Mapping[str, bytes | None],
         if finish is not None:
             finish(extra or {})
     except BaseException:
-        rollback(journal)
+        try:
+            if undo is not None:
+                undo(extra or {})
+        finally:
+            rollback(journal)
         raise
     shutil.rmtree(journal.directory)
 
@@ -211,12 +224,11 @@ def rollback(journal: Journal) -> None:
     for entry in reversed(data["entries"]):
         path = journal.root / entry["path"]
         current = path.read_bytes() if path.is_file() else None
-        if sha256(current) == entry["before"]:
-            continue
-        if entry["backup"] is None:
-            path.unlink(missing_ok=True)
-        else:
-            atomic_write(path, (journal.directory / entry["backup"]).read_bytes(), entry["mode"])
+        if sha256(current) != entry["before"]:
+            if entry["backup"] is None:
+                path.unlink(missing_ok=True)
+            else:
+                atomic_write(path, (journal.directory / entry["backup"]).read_bytes(), entry["mode"])
         for d in entry["created_dirs"]:
             try:
                 (journal.root / d).rmdir()

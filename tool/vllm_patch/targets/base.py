@@ -110,7 +110,7 @@ class Target:
 
     def commit(self, plan: Plan) -> None:
         commit(self.journal, plan.changes, plan.modes, plan.extra,
-               finish=self.finish if plan.extra else None)
+               finish=self.finish if plan.extra else None, undo=self.undo if plan.extra else None)
 
     def recover(self) -> str | None:
         return recover(self.journal, finish=self.finish, undo=self.undo)

@@ -74,6 +74,14 @@ class CheckoutTarget(Target):
                               "a descendant of it; check out the tag, rebase the series, or pass --force")
         return found
 
+    def dirty(self, paths: list[str]) -> list[str]:
+        """Touched paths whose work-tree or index state differs from HEAD."""
+        try:
+            status = self.repo.git.status("--porcelain", "--untracked-files=all", "--", *paths)
+        except git.GitCommandError as exc:
+            raise TargetError(f"git status failed in {self.root}: {_stderr(exc)}") from None
+        return [line[3:] for line in status.splitlines() if line.strip()]
+
     def committed(self, rel: str) -> bytes | None:
         """The file as HEAD has it (None when HEAD has no such file)."""
         try:
@@ -84,8 +92,7 @@ class CheckoutTarget(Target):
     def verify_before_write(self, paths: list[str], contents: Contents, analysis: Analysis) -> None:
         """Touched files must be clean, unless their only uncommitted changes are the
         series itself (applied earlier without --commit)."""
-        status = self.repo.git.status("--porcelain", "--untracked-files=all", "--", *paths)
-        dirty = [line[3:] for line in status.splitlines() if line.strip()]
+        dirty = self.dirty(paths)
         if dirty and analysis.consistent and all(self.committed(p) == analysis.base.get(p) for p in dirty):
             return
         if dirty:
@@ -97,9 +104,19 @@ class CheckoutTarget(Target):
              keep: int, commit_each: bool) -> Plan:
         plan = super().plan(analysis, new, patches, keep, commit_each)
         if commit_each and plan.changes:
-            plan.extra = {"old_head": self.head(), "new_head": self._build_commits(analysis, patches, keep),
-                          "paths": list(plan.changes)}
+            if self.dirty(list(new)):
+                raise TargetError(f"{self.root}: the series is applied in the work tree but not committed; "
+                                  "run without --commit, or commit those changes first")
+            # The commits are built when the plan is carried out, so --dry-run writes no git object.
+            plan.extra = {"old_head": self.head(), "paths": list(plan.changes),
+                          "build": [analysis, patches, keep]}
         return plan
+
+    def commit(self, plan: Plan) -> None:
+        build = plan.extra.pop("build", None)
+        if build is not None:
+            plan.extra["new_head"] = self._build_commits(*build)
+        super().commit(plan)
 
     def _build_commits(self, analysis: Analysis, patches: list[Patch], keep: int) -> str:
         """One commit per patch applied (or reverted), in a private index: the work tree
@@ -124,7 +141,7 @@ class CheckoutTarget(Target):
                         self.repo.git.update_index("--force-remove", "--", rel, env=env)
                         continue
                     blob = self.repo.git.hash_object("-w", "--stdin", istream=_stdin(data))
-                    mode = "100755" if os.access(self.root / rel, os.X_OK) else "100644"
+                    mode = "100755" if self._mode(rel, patch) & 0o111 else "100644"
                     self.repo.git.update_index("--add", "--cacheinfo", f"{mode},{blob},{rel}", env=env)
                 tree = self.repo.git.write_tree(env=env)
                 message = f"{revert}{patch.subject}\"" if revert else f"{patch.subject}\n\n{patch.description}"
@@ -132,20 +149,45 @@ class CheckoutTarget(Target):
                                                    env=_author_env(patch) if not revert else {})
             return parent
         except git.GitCommandError as exc:
-            raise TargetError(f"git failed while building the commits: {exc.stderr.strip() or exc}") from None
+            raise TargetError(f"git failed while building the commits: {_stderr(exc)}") from None
         finally:
             Path(index).unlink(missing_ok=True)
 
+    def _mode(self, rel: str, patch: Patch) -> int:
+        """A file's mode in the commit: the patch's for a file it creates or deletes, else the work tree's."""
+        for fd in patch.files:
+            if fd.path == rel and fd.kind != "modify":
+                return fd.mode
+        path = self.root / rel
+        return path.stat().st_mode if path.exists() else 0o644
+
     def finish(self, extra: dict) -> None:
+        """Point the index entries of the touched paths, then HEAD, at the new commit."""
         if not extra.get("new_head"):
             return
-        self.repo.git.update_ref("HEAD", extra["new_head"])
-        self.repo.git.reset("-q", extra["new_head"], "--", *extra["paths"])
+        try:
+            self.repo.git.reset("-q", extra["new_head"], "--", *extra["paths"])
+            self.repo.git.update_ref("HEAD", extra["new_head"], extra["old_head"])
+        except git.GitCommandError as exc:
+            raise TargetError(f"git could not move HEAD in {self.root}: {_stderr(exc)}; "
+                              "nothing was changed") from None
 
     def undo(self, extra: dict) -> None:
-        if extra.get("new_head") and self.head() == extra["new_head"]:
-            self.repo.git.update_ref("HEAD", extra["old_head"])
+        """Put HEAD and the touched index entries back where they were."""
+        if not extra.get("new_head"):
+            return
+        try:
+            if self.head() == extra["new_head"]:
+                self.repo.git.update_ref("HEAD", extra["old_head"], extra["new_head"])
             self.repo.git.reset("-q", extra["old_head"], "--", *extra["paths"])
+        except git.GitCommandError as exc:
+            raise TargetError(f"git could not restore HEAD {extra['old_head'][:12]} in {self.root}: "
+                              f"{_stderr(exc)}; run 'git reset {extra['old_head'][:12]}' by hand") from None
+
+
+def _stderr(exc: git.GitCommandError) -> str:
+    text = exc.stderr if isinstance(exc.stderr, str) else str(exc)
+    return " ".join(text.replace("stderr:", "").split()).strip("' ")
 
 
 def _stdin(data: bytes):

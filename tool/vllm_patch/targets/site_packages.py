@@ -128,11 +128,11 @@ class SitePackagesTarget(Target):
             return None
         try:
             return [parse_patch(p["name"], p["text"].encode("utf-8")) for p in state["patches"]]
-        except (KeyError, TypeError, InputError) as exc:
+        except (KeyError, TypeError, AttributeError, InputError) as exc:
             raise TargetError(f"{self.state_path} is malformed ({exc}); reinstall vLLM to start over") from None
 
     def verify_before_write(self, paths: list[str], contents: Contents, analysis: Analysis) -> None:
-        lines, _ = record.parse_lines(self._record_text())
+        lines = record.parse_lines(self._record_text()).lines
         known = record.entries(lines, paths)
         for rel in paths:
             data = contents.get(rel)
@@ -150,7 +150,7 @@ class SitePackagesTarget(Target):
                                   "reinstall vLLM (or revert that tool) first")
 
     def integrity(self, paths: list[str], full: bool) -> list[str]:
-        lines, _ = record.parse_lines(self._record_text())
+        lines = record.parse_lines(self._record_text()).lines
         known = record.entries(lines, None if full else paths)
         check = [p for p, (_, e) in known.items() if e.hash_ is not None]
         problems = []
@@ -175,20 +175,26 @@ class SitePackagesTarget(Target):
                 changes[pyc] = None
         state = self.state() or {}
         prior: dict[str, str | None] = dict(state.get("record", {}))
-        originals = dict(prior)
+        prior_at: dict[str, int] = dict(state.get("record_index", {}))
+        originals, original_at = dict(prior), dict(prior_at)
         text = self._record_text()
-        lines, newline = record.parse_lines(text)
+        parsed = record.parse_lines(text)
+        lines = parsed.lines
         known = {p: (i, None) for p, i in record.index(lines).items()}
         kept = patches[:keep]
         sources = [rel for rel in changes if not rel.endswith(".pyc")]
         for rel in sources:
-            originals.setdefault(rel, lines[known[rel][0]] if rel in known else None)
+            if rel not in originals:
+                originals[rel] = lines[known[rel][0]] if rel in known else None
+                if rel in known:
+                    original_at[rel] = known[rel][0]
         if kept:
             state_text = json.dumps({
                 "tool": f"vllm-patch {__version__}",
                 "patches": [{"name": p.name, "sha256": p.sha256, "text": p.raw.decode("utf-8")}
                             for p in kept],
                 "record": originals,
+                "record_index": original_at,
             }, indent=1, sort_keys=True) + "\n"
             existing = self.root / self.state_path
             if not existing.is_file() or existing.read_bytes() != state_text.encode():
@@ -208,10 +214,15 @@ class SitePackagesTarget(Target):
         by_index = {known[rel][0]: line for rel, line in wanted.items() if rel in known}
         out = [by_index.get(i, line) if i in by_index else line for i, line in enumerate(lines)]
         out = [line for i, line in enumerate(out) if not (i in by_index and by_index[i] is None)]
-        added = [line for rel, line in wanted.items() if rel not in known and line is not None]
+        back = {rel: line for rel, line in wanted.items()
+                if rel not in known and line is not None and not kept and rel in prior_at}
+        added = [line for rel, line in wanted.items() if rel not in known and line is not None and rel not in back]
         at = self._insert_at(out)
         out[at:at] = added
-        new_record = record.join_lines(out, newline).encode("utf-8")
+        # Lines of files a patch had deleted go back where they were.
+        for rel in sorted(back, key=prior_at.__getitem__):
+            out.insert(prior_at[rel], back[rel])
+        new_record = parsed.text(out).encode("utf-8")
         if new_record != text.encode("utf-8"):
             changes[self.record_path] = new_record
         return Plan(changes)
