@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 SERIES_ARGS ?=
 
-.PHONY: help setup check test unit lint bench clean
+.PHONY: help setup check wheel image image-wheel test unit lint bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -20,8 +20,19 @@ check: setup ## check the series on the pinned vLLM release (downloads and cache
 	$(BIN)/vllm-patch $(SERIES_ARGS) series
 	$(BIN)/vllm-patch $(SERIES_ARGS) check
 
-lint: setup ## ruff
+wheel: setup ## build the patched wheel into dist/ from the pinned upstream wheel (downloaded, cached)
+	$(BIN)/vllm-patch $(SERIES_ARGS) build-wheel --out dist
+
+IMAGE ?= vllm-patch:0.20.0
+image: ## build the container image: the pinned vllm/vllm-openai with the series applied
+	@scripts/build-image patched $(IMAGE)
+
+image-wheel: wheel ## build the container image from the patched wheel in dist/
+	@scripts/build-image from-wheel $(IMAGE)
+
+lint: setup ## ruff and hadolint
 	$(BIN)/ruff check tool tests benchmarks
+	$(BIN)/hadolint --failure-threshold warning Dockerfile
 
 unit: setup ## the fast tests only (no download)
 	$(BIN)/pytest -q -m "not integration"

@@ -96,10 +96,11 @@ def copy_tree(src: Path, dest: Path) -> Path:
     return dest
 
 
-def make_venv(dest: Path, wheel: Path) -> Path:
-    """A throwaway virtualenv with the real vLLM wheel installed, without its dependencies."""
+def make_venv(dest: Path, wheel: Path | None) -> Path:
+    """A throwaway virtualenv with a vLLM wheel installed (``--no-deps``), or none."""
     subprocess.run([sys.executable, "-m", "venv", str(dest)], check=True)
     py = dest / "bin" / "python"
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check",
-                    str(wheel)], check=True)
+    if wheel is not None:
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check",
+                        str(wheel)], check=True)
     return py

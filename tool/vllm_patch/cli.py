@@ -45,6 +45,10 @@ def handle_errors(fn):
                 report.print_json({"error": exc.message, "exit_code": exc.exit_code})
             err.print(f"error: {exc.message}", markup=False)
             sys.exit(exc.exit_code)
+        except OSError as exc:
+            where = f" ({exc.filename})" if exc.filename else ""
+            err.print(f"error: {exc.strerror or exc}{where}", markup=False)
+            sys.exit(EXIT_USAGE)
         except KeyboardInterrupt:
             err.print("interrupted: any partial write was rolled back", markup=False)
             sys.exit(130)
@@ -181,6 +185,33 @@ def status(ctx, target_spec, python, kind, wait, as_json, full, expect) -> None:
         outcome.notes.append(f"expected every patch {expect}, found: {outcome.analysis.verdict}")
     _emit(outcome, as_json)
     sys.exit(EXIT_OK if outcome.ok else EXIT_PATCH_FAILED)
+
+
+@main.command("build-wheel")
+@click.option("--from", "source", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The upstream wheel to patch (default: the pinned wheel, downloaded and cached).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("dist"),
+              show_default=True, help="Where to write the patched wheel.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@click.pass_context
+@handle_errors
+def build_wheel_cmd(ctx: click.Context, source: Path | None, out_dir: Path, as_json: bool) -> None:
+    """Build a patched vLLM wheel (version 0.20.0+vp.<series digest>) from the upstream wheel."""
+    from .upstream import fetch
+    from .wheel_build import build_wheel
+
+    series = _series(ctx)
+    verified = source is None
+    source = source or fetch(series.pin.wheel, quiet=as_json)
+    built = build_wheel(series, source, out_dir, verified)
+    if as_json:
+        report.print_json({"wheel": str(built.path), "version": built.version, "changed": built.changed,
+                           "patches": list(series.names), "notes": built.notes})
+        return
+    for note in built.notes:
+        out.print(f"[yellow]note[/]: {note}")
+    out.print(f"patched {len(built.changed)} files with {len(series.patches)} patches")
+    out.print(f"[green]OK[/]: wrote {built.path} (vllm {built.version})")
 
 
 def run() -> None:

@@ -1,0 +1,118 @@
+"""Building a patched wheel, on small wheels made here (the real one: tests/integration)."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+from wheel.wheelfile import WheelFile
+
+from vllm_patch.errors import DownloadError, InputError, PatchFailed, PinMismatch
+from vllm_patch.series import load_series
+from vllm_patch.wheel_build import build_wheel, local_version, output_name, set_metadata_version
+
+METADATA = "Metadata-Version: 2.1\nName: vllm\nVersion: {v}\nSummary: x\n\nVersion: in the body stays\n"
+
+
+def make_wheel(dest: Path, files: dict[str, bytes], version: str = "0.20.0",
+               name: str | None = None) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    path = dest / (name or f"vllm-{version}-cp38-abi3-linux_x86_64.whl")
+    with WheelFile(path, "w") as wf:
+        for rel, data in files.items():
+            wf.writestr(rel, data)
+        wf.writestr(f"vllm-{version}.dist-info/METADATA", METADATA.format(v=version))
+        wf.writestr(f"vllm-{version}.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: false\n")
+    return path
+
+
+def test_pure_helpers():
+    assert local_version("0.20.0", "abc123") == "0.20.0+vp.abc123"
+    assert output_name("vllm-0.20.0-cp38-abi3-manylinux_2_35_x86_64.whl", "0.20.0+vp.ab") == \
+        "vllm-0.20.0+vp.ab-cp38-abi3-manylinux_2_35_x86_64.whl"
+    text = set_metadata_version(METADATA.format(v="0.20.0"), "0.20.0+vp.ab")
+    assert "Version: 0.20.0+vp.ab\n" in text and "Version: in the body stays" in text
+    with pytest.raises(InputError):
+        set_metadata_version("Name: vllm\n\n", "1")
+
+
+def test_builds_a_wheel_that_carries_the_series(tmp_path, base_files, two_patch_series):
+    series = load_series(two_patch_series)
+    source = make_wheel(tmp_path / "in", base_files)
+    built = build_wheel(series, source, tmp_path / "dist")
+    assert built.version == f"0.20.0+vp.{series.digest}"
+    assert built.path.name == f"vllm-{built.version}-cp38-abi3-linux_x86_64.whl"
+    assert built.changed == ["vllm/a.py", "vllm/b.py", "vllm/new_kernel.py"]
+    assert built.notes and "not the pinned wheel" in built.notes[0]
+    dist_info = f"vllm-{built.version}.dist-info"
+    with WheelFile(built.path) as wf, zipfile.ZipFile(source) as up:
+        for info in wf.infolist():  # reading through WheelFile checks every RECORD hash
+            wf.read(info.filename)
+        names = set(wf.namelist())
+        assert f"{dist_info}/RECORD" in names and not any(n.startswith("vllm-0.20.0.dist-info") for n in names)
+        assert f"Version: {built.version}" in wf.read(f"{dist_info}/METADATA").decode()
+        assert wf.read("vllm/new_kernel.py") == b"KERNEL = 1\n"
+        assert b"line 30b added" in wf.read("vllm/a.py")
+        assert wf.read("vllm/dup.py") == up.read("vllm/dup.py")
+        assert wf.getinfo("vllm/dup.py").CRC == up.getinfo("vllm/dup.py").CRC
+        state = json.loads(wf.read(f"{dist_info}/vllm_patch.json"))
+        assert [p["name"] for p in state["patches"]] == list(series.names)
+
+
+def test_untouched_members_keep_their_compressed_bytes(tmp_path, base_files, two_patch_series):
+    big = {"vllm/blob.bin": bytes(range(256)) * 4000, **base_files}
+    source = make_wheel(tmp_path / "in", big)
+    built = build_wheel(load_series(two_patch_series), source, tmp_path / "dist")
+    with zipfile.ZipFile(source) as up, zipfile.ZipFile(built.path) as out:
+        a, b = up.getinfo("vllm/blob.bin"), out.getinfo("vllm/blob.bin")
+        assert (a.compress_size, a.CRC, a.compress_type) == (b.compress_size, b.CRC, b.compress_type)
+        assert out.read("vllm/blob.bin") == big["vllm/blob.bin"]
+
+
+def out_is_empty(path: Path) -> bool:
+    return not path.exists() or not any(path.iterdir())
+
+
+def test_pinned_name_with_other_bytes_is_refused(tmp_path, base_files, two_patch_series):
+    series = load_series(two_patch_series)
+    source = make_wheel(tmp_path / "in", base_files, name=series.pin.wheel.filename)
+    with pytest.raises(DownloadError, match="does not match the pin"):
+        build_wheel(series, source, tmp_path / "dist")
+    assert out_is_empty(tmp_path / "dist")
+
+
+def test_other_version_is_refused(tmp_path, base_files, two_patch_series):
+    source = make_wheel(tmp_path / "in", base_files, version="0.21.0")
+    with pytest.raises(PinMismatch, match="0.21.0"):
+        build_wheel(load_series(two_patch_series), source, tmp_path / "dist")
+    assert out_is_empty(tmp_path / "dist")
+
+
+def test_corrupt_zip_is_refused(tmp_path, base_files, two_patch_series):
+    source = make_wheel(tmp_path / "in", base_files)
+    source.write_bytes(source.read_bytes()[:200])
+    with pytest.raises(InputError, match="not a readable wheel|corrupt"):
+        build_wheel(load_series(two_patch_series), source, tmp_path / "dist")
+    assert out_is_empty(tmp_path / "dist")
+
+
+def test_member_differing_from_its_record_is_refused(tmp_path, base_files, two_patch_series):
+    source = make_wheel(tmp_path / "in", base_files)
+    tampered = tmp_path / "t" / source.name
+    tampered.parent.mkdir()
+    with zipfile.ZipFile(source) as src, zipfile.ZipFile(tampered, "w") as dst:
+        for info in src.infolist():
+            data = src.read(info.filename)
+            dst.writestr(info, data.replace(b"return 1", b"return 9") if info.filename == "vllm/b.py" else data)
+    with pytest.raises(InputError, match="corrupt"):
+        build_wheel(load_series(two_patch_series), tampered, tmp_path / "dist")
+    assert out_is_empty(tmp_path / "dist")
+
+
+def test_series_that_does_not_apply(tmp_path, base_files, two_patch_series):
+    source = make_wheel(tmp_path / "in", {**base_files, "vllm/b.py": b"def f():\n    return 7\n"})
+    with pytest.raises(PatchFailed, match="0001-first-fix.patch is conflict"):
+        build_wheel(load_series(two_patch_series), source, tmp_path / "dist")
+    assert out_is_empty(tmp_path / "dist")
