@@ -20,7 +20,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 from realvllm import bench_steps, make_series  # noqa: E402
-
 from vllm_patch.series import load_series  # noqa: E402
 from vllm_patch.upstream import fetch, pinned_base_tree  # noqa: E402
 from vllm_patch.wheel_build import build_wheel  # noqa: E402
