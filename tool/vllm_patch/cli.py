@@ -137,34 +137,27 @@ def check(ctx: click.Context, base: Path | None, force: bool, as_json: bool) -> 
     sys.exit(EXIT_OK if outcome.ok else EXIT_PATCH_FAILED)
 
 
-@main.command()
-@target_options
-@click.option("--dry-run", is_flag=True, help="Compute and report, write nothing.")
-@click.option("--force", is_flag=True, help="Apply even if the target is not the pinned vLLM release.")
-@click.option("--commit", "commit_each", is_flag=True, help="Checkout: make one commit per patch.")
-@click.pass_context
-@handle_errors
-def apply(ctx, target_spec, python, kind, wait, as_json, dry_run, force, commit_each) -> None:
-    """Apply the series to a target, all or nothing (idempotent)."""
-    series = _series(ctx)
-    target = _open(target_spec, python, kind)
-    outcome = operations.apply(target, series, dry_run, force, commit_each, wait, _waiting)
-    _emit(outcome, as_json)
+def write_command(action: str, verb: str, commit_help: str):
+    """`apply` and `revert`: the same options, the same flow."""
+    run_op = {"apply": operations.apply, "revert": operations.revert}[action]
+
+    @target_options
+    @click.option("--dry-run", is_flag=True, help="Compute and report, write nothing.")
+    @click.option("--force", is_flag=True, help=f"{verb} even if the target is not the pinned vLLM release.")
+    @click.option("--commit", "commit_each", is_flag=True, help=commit_help)
+    @click.pass_context
+    @handle_errors
+    def command(ctx, target_spec, python, kind, wait, as_json, dry_run, force, commit_each) -> None:
+        series = _series(ctx)
+        target = _open(target_spec, python, kind)
+        _emit(run_op(target, series, dry_run, force, commit_each, wait, _waiting), as_json)
+    return command
 
 
-@main.command()
-@target_options
-@click.option("--dry-run", is_flag=True, help="Compute and report, write nothing.")
-@click.option("--force", is_flag=True, help="Revert even if the target is not the pinned vLLM release.")
-@click.option("--commit", "commit_each", is_flag=True, help="Checkout: make one revert commit per patch.")
-@click.pass_context
-@handle_errors
-def revert(ctx, target_spec, python, kind, wait, as_json, dry_run, force, commit_each) -> None:
-    """Revert every applied patch, restoring the original bytes."""
-    series = _series(ctx)
-    target = _open(target_spec, python, kind)
-    outcome = operations.revert(target, series, dry_run, force, commit_each, wait, _waiting)
-    _emit(outcome, as_json)
+main.command("apply", help="Apply the series to a target, all or nothing (idempotent).")(
+    write_command("apply", "Apply", "Checkout: make one commit per patch."))
+main.command("revert", help="Revert every applied patch, restoring the original bytes.")(
+    write_command("revert", "Revert", "Checkout: make one revert commit per patch."))
 
 
 @main.command()

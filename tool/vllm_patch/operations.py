@@ -106,6 +106,23 @@ def _plan_forward(target: Target, series: Series, notes: list[str]) -> tuple[Ana
     return analysis, {**contents, **analysis.patched}, paths, contents
 
 
+def _write(action: str, target: Target, patches: list[Patch], analysis: Analysis, paths: list[str],
+           contents: Contents, new: Contents, keep: int, dry_run: bool, commit_each: bool,
+           recovered: str | None, found: Found, notes: list[str]) -> Outcome:
+    """Check, plan and (unless a dry run) carry out a write that leaves `keep` patches applied."""
+    outcome = Outcome(action, target.describe(), analysis, patches, found,
+                      recovered=recovered, notes=notes, dry_run=dry_run)
+    target.verify_before_write(paths, contents, analysis)
+    if not analysis.consistent:
+        raise PatchFailedWith(_fail(outcome))
+    plan = target.plan(analysis, new, patches, keep, commit_each)
+    plan.modes.update(created_modes(patches if keep else [p.inverted() for p in patches]))
+    outcome.changed = sorted(plan.changes)
+    if not dry_run:
+        target.commit(plan)
+    return outcome
+
+
 def apply(target: Target, series: Series, dry_run: bool = False, force: bool = False,
           commit_each: bool = False, wait: float = 0.0,
           on_wait: Callable[[], None] | None = None) -> Outcome:
@@ -115,17 +132,9 @@ def apply(target: Target, series: Series, dry_run: bool = False, force: bool = F
         notes: list[str] = []
         found = _identify(target, series, force, notes)
         analysis, new, paths, contents = _plan_forward(target, series, notes)
-        outcome = Outcome("apply", target.describe(), analysis, list(series.patches), found,
-                          recovered=recovered, notes=notes, dry_run=dry_run)
-        target.verify_before_write(paths, contents, analysis)
-        if not analysis.consistent:
-            raise PatchFailedWith(_fail(outcome))
-        plan = target.plan(analysis, new, list(series.patches), len(series.patches), commit_each)
-        plan.modes.update(created_modes(list(series.patches)))
-        outcome.changed = sorted(plan.changes)
-        if not dry_run:
-            target.commit(plan)
-        return outcome
+        patches = list(series.patches)
+        return _write("apply", target, patches, analysis, paths, contents, new, len(patches), dry_run,
+                      commit_each, recovered, found, notes)
 
 
 def revert(target: Target, series: Series, dry_run: bool = False, force: bool = False,
@@ -143,17 +152,8 @@ def revert(target: Target, series: Series, dry_run: bool = False, force: bool = 
         paths = touched(patches)
         contents = target.read(paths)
         analysis = analyze(patches, contents)
-        outcome = Outcome("revert", target.describe(), analysis, patches, found,
-                          recovered=recovered, notes=notes, dry_run=dry_run)
-        target.verify_before_write(paths, contents, analysis)
-        if not analysis.consistent:
-            raise PatchFailedWith(_fail(outcome))
-        plan = target.plan(analysis, {**contents, **analysis.base}, patches, 0, commit_each)
-        plan.modes.update(created_modes([p.inverted() for p in patches]))
-        outcome.changed = sorted(plan.changes)
-        if not dry_run:
-            target.commit(plan)
-        return outcome
+        return _write("revert", target, patches, analysis, paths, contents, {**contents, **analysis.base}, 0,
+                      dry_run, commit_each, recovered, found, notes)
 
 
 def check(base: Target, series: Series, force: bool = False) -> Outcome:
