@@ -104,3 +104,31 @@ def make_venv(dest: Path, wheel: Path | None) -> Path:
         subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check",
                         str(wheel)], check=True)
     return py
+
+
+def rebase_steps(tree: Path):
+    """Four patches for a 0.20.0 -> 0.21.0 rebase. 0.21.0 changed causal_conv1d.py's
+    lines 40 and 48 (``tl.constexpr`` -> ``tl.int64``) and left gdn_attn.py alone:
+    - gdn_attn.py gets a field: applies as is (clean);
+    - line 42 of causal_conv1d.py gets a comment: its anchor holds line 40, so it needs
+      the 3-way merge (merged);
+    - line 40 becomes what 0.21.0 has (upstreamed);
+    - line 48 becomes ``tl.int32`` where 0.21.0 says ``tl.int64`` (conflict)."""
+    base = {p: (tree / p).read_bytes() for p in (GDN, CONV)}
+    gdn = replace_once(base[GDN], "    num_accepted_tokens: torch.Tensor | None = None  # shape: [batch,]\n",
+                       "    num_accepted_tokens: torch.Tensor | None = None  # shape: [batch,]\n"
+                       "    spec_decode_src_indices: torch.Tensor | None = None  # vllm-patch test\n")
+    merged = replace_once(base[CONV], "    stride_w_width: tl.constexpr,  # stride to get to next width-axis value\n",
+                          "    stride_w_width: tl.constexpr,  # stride to get to next width-axis value (rebase test)\n")
+    upstream = replace_once(merged, "    stride_x_token: tl.constexpr,  # stride to get to next token (same",
+                            "    stride_x_token: tl.int64,  # stride to get to next token (same")
+    lines = upstream.split(b"\n")
+    assert lines[47] == b"    stride_o_token: tl.constexpr,"
+    lines[47] = b"    stride_o_token: tl.int32,"
+    conflict = b"\n".join(lines)
+    return base, [
+        ("GDN: clean rebase test", {GDN: gdn}),
+        ("conv1d: merge rebase test", {CONV: merged}),
+        ("conv1d: upstreamed rebase test", {CONV: upstream}),
+        ("conv1d: conflict rebase test", {CONV: conflict}),
+    ]

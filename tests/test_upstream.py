@@ -103,3 +103,11 @@ def test_corrupted_cached_file_is_downloaded_again(index):
 def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("VLLM_PATCH_CACHE", str(tmp_path / "c"))
     assert upstream.cache_root() == Path(tmp_path / "c")
+
+
+def test_indexed_artifact_takes_the_index_hash_and_fetch_checks_the_bytes(index):
+    artifact = upstream.indexed_artifact("vllm", "vllm-0.20.0.tar.gz")
+    assert artifact.sha256 == index["indexed"]
+    index["payload"] = b"tampered after indexing"
+    with pytest.raises(DownloadError, match="does not match"):
+        upstream.fetch(artifact, quiet=True)

@@ -207,6 +207,50 @@ def build_wheel_cmd(ctx: click.Context, source: Path | None, out_dir: Path, as_j
     out.print(f"[green]OK[/]: wrote {built.path} (vllm {built.version})")
 
 
+@main.command()
+@click.argument("tag", required=False)
+@click.option("--continue", "resume", is_flag=True, help="Go on after resolving a conflict by hand.")
+@click.option("--abort", is_flag=True, help="Forget a stopped rebase; the series stays as it was.")
+@click.option("--repo", metavar="PATH|URL", help="Take both trees from this git checkout or URL (default: the "
+              "PyPI sdists of the releases).")
+@click.option("--range-diff", "show_range_diff", is_flag=True, help="Show how every kept patch changed.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.pass_context
+@handle_errors
+def rebase(ctx: click.Context, tag: str | None, resume: bool, abort: bool, repo: str | None,
+           show_range_diff: bool, as_json: bool) -> None:
+    """Rebase the series onto TAG (e.g. v0.21.0): clean, upstreamed (dropped), merged, or conflict."""
+    from .rebase import RebaseConflict, Rebaser
+    from .transaction import Journal, recover
+    from .upstream_trees import UpstreamCache, get_tree
+
+    if sum(map(bool, (tag, resume, abort))) != 1:
+        raise click.UsageError("give a TAG, or --continue, or --abort")
+    root = Path(ctx.obj.get("series_dir") or find_series_root())
+    recovered = recover(Journal(root, root / ".vllm-patch-journal"))
+    if recovered:
+        err.print(f"recovered: {recovered}")
+    series = load_series(root)
+    cache = UpstreamCache()
+    rebaser = Rebaser(root, series, cache)
+    if abort:
+        done = rebaser.abort()
+        out.print("rebase aborted; the series is as it was" if done else "no rebase in progress")
+        return
+    try:
+        if resume:
+            result = rebaser.resume()
+        else:
+            old = get_tree(series.pin.tag, repo, quiet=as_json, cache=cache)
+            new = get_tree(tag or "", repo, quiet=as_json, cache=cache)
+            result = rebaser.start(tag or "", old, new)
+    except RebaseConflict as exc:
+        report.print_rebase(exc.result, out, as_json, show_range_diff, error=exc.message)
+        err.print(f"error: {exc.message}", markup=False)
+        sys.exit(exc.exit_code)
+    report.print_rebase(result, out, as_json, show_range_diff)
+
+
 def run() -> None:
     """Console-script entry point (click's usage errors exit with 2 by themselves)."""
     try:

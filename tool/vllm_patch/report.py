@@ -133,3 +133,35 @@ def series_dict(series: Series) -> dict[str, Any]:
                      "sha256": p.sha256, "trailers": dict(p.trailers), "files": list(p.paths)}
                     for p in series.patches],
     }
+
+
+def print_rebase(result, console: Console, as_json: bool, show_range_diff: bool, error: str | None = None) -> None:
+    """The rebase report: one line per patch, then the range-diffs of merged patches."""
+    if as_json:
+        print_json({
+            "tag": result.tag, "done": result.done, "error": error,
+            "pin": {"version": result.pin.version, "commit": result.pin.commit} if result.pin else None,
+            "work_dir": str(result.work_dir) if result.work_dir else None,
+            "patches": [{"name": o.name, "step": o.step.value, "files": o.files, "conflicts": o.conflicts,
+                         "note": o.note, "range_diff": o.range_diff} for o in result.outcomes],
+        })
+        return
+    styles = {"clean": "green", "upstreamed": "cyan", "merged": "yellow", "conflict": "red"}
+    table = Table(title=f"rebase onto {result.tag}", title_justify="left")
+    for col in ("#", "patch", "result", "detail"):
+        table.add_column(col)
+    for i, o in enumerate(result.outcomes, 1):
+        detail = ", ".join(o.conflicts) if o.conflicts else o.note
+        if o.step.value == "merged":
+            detail = (detail + "; " if detail else "") + "review it"
+        if o.step.value == "upstreamed":
+            detail = "dropped, logged in dropped-patches"
+        table.add_row(str(i), o.name, f"[{styles[o.step.value]}]{o.step.value}[/]", detail)
+    console.print(table)
+    for o in result.outcomes:
+        if o.range_diff and (show_range_diff or o.step.value == "merged"):
+            console.print(f"[bold]range-diff {o.name}[/]")
+            console.print(o.range_diff, markup=False, highlight=False)
+    if result.done and result.pin:
+        console.print(f"[green]OK[/]: rebased onto {result.pin.tag} ({result.pin.version}, commit "
+                      f"{result.pin.commit[:12]}); series and patches rewritten")

@@ -40,25 +40,41 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def find_url(project: str, artifact: Artifact) -> str:
-    """The download URL of `artifact` from the index's JSON simple API, whose recorded
-    sha256 must equal the pin's."""
+def index_files(project: str, wanted: str) -> list[dict]:
+    """The files the index's JSON simple API lists for `project`."""
     url = f"{index_url()}/{project}/"
     request = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     try:
         with urllib.request.urlopen(request, timeout=60) as resp:
-            listing = json.load(resp)
+            return list(json.load(resp).get("files", []))
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise DownloadError(f"cannot list {url}: {exc}; put {artifact.filename} in "
+        raise DownloadError(f"cannot list {url}: {exc}; put {wanted} in "
                             f"{cache_root() / 'downloads'} by hand to work offline") from None
-    for entry in listing.get("files", []):
-        if entry.get("filename") == artifact.filename:
-            indexed = entry.get("hashes", {}).get("sha256")
-            if indexed and indexed != artifact.sha256:
-                raise DownloadError(f"{artifact.filename}: the index says sha256 {indexed}, the pin "
-                                    f"says {artifact.sha256}; refusing it")
-            return entry["url"]
-    raise DownloadError(f"{artifact.filename} is not on {url}")
+
+
+def _entry(project: str, filename: str) -> dict:
+    for entry in index_files(project, filename):
+        if entry.get("filename") == filename:
+            return entry
+    raise DownloadError(f"{filename} is not on {index_url()}/{project}/")
+
+
+def indexed_artifact(project: str, filename: str) -> Artifact:
+    """An artifact with the sha256 the index publishes for it (for releases the series is not pinned to)."""
+    digest = _entry(project, filename).get("hashes", {}).get("sha256")
+    if not digest:
+        raise DownloadError(f"the index gives no sha256 for {filename}; refusing it")
+    return Artifact(filename, digest)
+
+
+def find_url(project: str, artifact: Artifact) -> str:
+    """The download URL of `artifact`; the index's recorded sha256 must equal the expected one."""
+    entry = _entry(project, artifact.filename)
+    indexed = entry.get("hashes", {}).get("sha256")
+    if indexed and indexed != artifact.sha256:
+        raise DownloadError(f"{artifact.filename}: the index says sha256 {indexed}, the pin "
+                            f"says {artifact.sha256}; refusing it")
+    return entry["url"]
 
 
 def fetch(artifact: Artifact, project: str = "vllm", quiet: bool = False) -> Path:

@@ -1,0 +1,123 @@
+"""Rebase a series from the real vLLM 0.20.0 to the real 0.21.0 (both PyPI sdists)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from helpers import run_cli, snapshot
+from realvllm import CONV, make_series, rebase_steps
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def rebase_series(sdist_tree, tmp_path) -> Path:
+    base, steps = rebase_steps(sdist_tree)
+    return make_series(tmp_path / "series", base, steps)
+
+
+def resolve_taking_ours(work: Path) -> None:
+    path = work / CONV
+    text = re.sub(r"<<<<<<< [^\n]*\n.*?=======\n(.*?)>>>>>>> [^\n]*\n", r"\1", path.read_text(), flags=re.S)
+    path.write_text(text)
+
+
+def test_rebase_to_0_21_clean_merged_upstreamed_conflict_then_continue(rebase_series):
+    s = ("--series", str(rebase_series))
+    before = snapshot(rebase_series)
+    first = run_cli(*s, "rebase", "v0.21.0", "--json")
+    assert first.returncode == 1, first.stderr
+    data = json.loads(first.stdout)
+    assert [p["step"] for p in data["patches"]] == ["clean", "merged", "upstreamed", "conflict"]
+    assert data["patches"][3]["conflicts"] == [CONV]
+    assert "rebase --continue" in first.stderr
+    assert {k: v for k, v in snapshot(rebase_series).items() if not k.startswith(".vllm-patch-rebase")} == before
+    work = Path(data["work_dir"])
+    assert "<<<<<<< v0.21.0 (new base)" in (work / CONV).read_text()
+
+    still = run_cli(*s, "rebase", "--continue")
+    assert still.returncode == 2 and "conflict markers remain" in still.stderr
+
+    resolve_taking_ours(work)
+    done = run_cli(*s, "rebase", "--continue", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["done"] and result["pin"]["version"] == "0.21.0"
+    assert [p["step"] for p in result["patches"]] == ["clean", "merged", "upstreamed", "merged"]
+    series_text = (rebase_series / "series").read_text()
+    assert "#: version = 0.21.0" in series_text and "0003-conv1d-upstreamed-rebase-test.patch" not in series_text
+    assert not (rebase_series / "patches/0003-conv1d-upstreamed-rebase-test.patch").exists()
+    assert "Applied-Upstream: v0.21.0" in (rebase_series / "dropped-patches").read_text()
+    merged = (rebase_series / "patches/0002-conv1d-merge-rebase-test.patch").read_text()
+    assert "-    stride_w_width: tl.constexpr,  # stride to get to next width-axis value\n" in merged
+    assert " stride_x_token: tl.int64," in merged  # the new base's line is now context
+    assert "Origin: vendor" in merged and "From: Test Author <author@example.org>" in merged
+    resolved = (rebase_series / "patches/0004-conv1d-conflict-rebase-test.patch").read_text()
+    assert "+    stride_o_token: tl.int32," in resolved
+    check = run_cli(*s, "check", "--json")
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert json.loads(check.stdout)["found"]["version"] == "0.21.0"
+
+
+def test_abort_leaves_the_series_as_it_was(rebase_series):
+    s = ("--series", str(rebase_series))
+    before = snapshot(rebase_series)
+    assert run_cli(*s, "rebase", "v0.21.0").returncode == 1
+    aborted = run_cli(*s, "rebase", "--abort")
+    assert aborted.returncode == 0 and "aborted" in aborted.stdout
+    assert snapshot(rebase_series) == before and not (rebase_series / ".vllm-patch-rebase").exists()
+
+
+def test_interrupted_final_write_is_rolled_back(rebase_series):
+    s = ("--series", str(rebase_series))
+    # Drop the conflicting patch so the rebase runs to its final write.
+    series_file = rebase_series / "series"
+    series_file.write_text(series_file.read_text().replace("0004-conv1d-conflict-rebase-test.patch\n", ""))
+    before = snapshot(rebase_series)
+    killed = run_cli(*s, "rebase", "v0.21.0", env={"VLLM_PATCH_FAULT_AFTER_WRITES": "2"})
+    assert killed.returncode == -9
+    assert snapshot(rebase_series) != before
+    again = run_cli(*s, "rebase", "--abort")
+    assert "rolled back" in again.stderr
+    assert {k: v for k, v in snapshot(rebase_series).items()} == before
+
+
+@pytest.mark.parametrize(("tag", "message"), [("v99.0.0", "cannot get vLLM v99.0.0"), ("latest", "unknown tag")])
+def test_unknown_tags(rebase_series, tag, message):
+    before = snapshot(rebase_series)
+    result = run_cli("--series", str(rebase_series), "rebase", tag)
+    assert result.returncode == 2 and message in result.stderr
+    assert snapshot(rebase_series) == before
+
+
+def test_continue_without_a_rebase(rebase_series):
+    result = run_cli("--series", str(rebase_series), "rebase", "--continue")
+    assert result.returncode == 2 and "no rebase in progress" in result.stderr
+
+
+def test_rebase_from_a_local_git_checkout(rebase_series, sdist_tree, tmp_path):
+    from helpers import git
+    repo = tmp_path / "vllm-git"
+    shutil.copytree(sdist_tree, repo, symlinks=True)
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A", "-f")
+    git(repo, "commit", "-q", "-m", "0.20.0")
+    git(repo, "tag", "v0.20.0")
+    series_file = rebase_series / "series"
+    series_file.write_text(series_file.read_text().replace("0004-conv1d-conflict-rebase-test.patch\n", ""))
+    # A "next release" that only upstreams patch 3's change.
+    conv = repo / CONV
+    conv.write_text(conv.read_text().replace("    stride_x_token: tl.constexpr,  # stride to get to next token (same",
+                                             "    stride_x_token: tl.int64,  # stride to get to next token (same"))
+    git(repo, "commit", "-q", "-am", "next")
+    git(repo, "tag", "v0.21.0")
+    result = run_cli("--series", str(rebase_series), "rebase", "v0.21.0", "--repo", str(repo), "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert [p["step"] for p in data["patches"]] == ["clean", "merged", "upstreamed"]
+    assert data["pin"]["commit"] == git(repo, "rev-parse", "v0.21.0").decode().strip()
