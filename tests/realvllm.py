@@ -38,7 +38,7 @@ def mark_line(data: bytes, lineno: int, tag: str) -> bytes:
     return b"\n".join(lines)
 
 
-def test_series_steps(tree: Path) -> tuple[dict[str, bytes], list[tuple[str, dict[str, bytes | None]]]]:
+def sample_series_steps(tree: Path) -> tuple[dict[str, bytes], list[tuple[str, dict[str, bytes | None]]]]:
     """Four patches on real files: a change plus a new Triton module, an insertion,
     two edits in one file across two patches, and a change in the model runner."""
     base = {p: (tree / p).read_bytes() for p in (TQ, GDN, CONV, RUNNER)}
@@ -68,16 +68,16 @@ def ambiguous_steps(tree: Path):
     return base, [("runner: a hunk whose anchor occurs twice", {RUNNER: "\n".join(lines).encode()})]
 
 
-def bench_steps(tree: Path, count: int) -> tuple[dict[str, bytes], list]:
-    """`count` patches over the fix files, each marking lines far apart (unique anchors)."""
-    files = [TQ, GDN, CONV, RUNNER, GDN_LAYER, ARGS]
+def bench_steps(tree: Path, count: int, start: int = 40,
+                files: tuple[str, ...] = (TQ, GDN, CONV, RUNNER, GDN_LAYER, ARGS)) -> tuple[dict[str, bytes], list]:
+    """`count` patches over `files`, each marking lines far apart (unique anchors)."""
     base = {p: (tree / p).read_bytes() for p in files}
     current = dict(base)
     steps = []
     for i in range(count):
         path = files[i % len(files)]
         n = current[path].count(b"\n")
-        lineno = 40 + (i // len(files)) * 97 % max(1, n - 80)
+        lineno = start + (i // len(files)) * 97 % max(1, n - start - 40)
         lines = current[path].split(b"\n")
         # Skip blank lines and lines whose 7-line window (the hunk's anchor) repeats.
         while not lines[lineno - 1].strip() or len(find_block(lines, lines[lineno - 4:lineno + 3])) != 1:

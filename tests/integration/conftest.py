@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from realvllm import ambiguous_steps, make_series, make_venv, test_series_steps
+from realvllm import ambiguous_steps, make_series, make_venv, sample_series_steps
 from vllm_patch.series import load_series
 from vllm_patch.upstream import fetch, pinned_base_tree
 
@@ -31,7 +31,7 @@ def wheel_file(pin) -> Path:
 
 @pytest.fixture(scope="session")
 def real_series(sdist_tree, tmp_path_factory) -> Path:
-    base, steps = test_series_steps(sdist_tree)
+    base, steps = sample_series_steps(sdist_tree)
     return make_series(tmp_path_factory.mktemp("real") / "series", base, steps)
 
 

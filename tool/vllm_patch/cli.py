@@ -251,6 +251,125 @@ def rebase(ctx: click.Context, tag: str | None, resume: bool, abort: bool, repo:
     report.print_rebase(result, out, as_json, show_range_diff)
 
 
+def _author(ctx: click.Context, upstream: str | None, quiet: bool):
+    from .authoring import Author
+    from .upstream_trees import get_tree
+
+    root = Path(ctx.obj.get("series_dir") or find_series_root())
+    series = load_series(root)
+    from .upstream_trees import UpstreamCache
+    cache = UpstreamCache()
+    base = get_tree(series.pin.tag, upstream, quiet=quiet, cache=cache)
+    return Author(root, series, cache, base.commit)
+
+
+def _authored(result, as_json: bool) -> None:
+    if as_json:
+        report.print_json({"patch": result.name, "changed": result.changed, "notes": result.notes})
+        return
+    for note in result.notes:
+        out.print(f"[yellow]note[/]: {note}")
+    verb = "wrote" if result.changed else "unchanged:"
+    out.print(f"[green]OK[/]: {verb} {result.name}")
+
+
+upstream_option = click.option("--upstream", metavar="PATH|URL",
+                               help="Take the pinned base from this git checkout or URL (default: the PyPI sdist).")
+unique_option = click.option("--unique", is_flag=True,
+                             help="Widen the context of ambiguous hunks until every anchor is unique.")
+
+
+@main.command()
+@click.argument("name")
+@click.option("--from", "tree", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="The edited tree: the pinned base with the patches up to NAME, plus your edits.")
+@click.option("--file", "files", multiple=True, metavar="PATH", help="Also record this file's changes.")
+@unique_option
+@upstream_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+@handle_errors
+def refresh(ctx, name, tree, files, unique, upstream, as_json) -> None:
+    """Regenerate patch NAME from an edited tree, keeping its header (no edit: no byte changes)."""
+    _authored(_author(ctx, upstream, as_json).refresh(name, tree, unique, list(files)), as_json)
+
+
+def _header(name, subject, author, origin, bug, forwarded, description=""):
+    from email.utils import formatdate
+
+    from .authoring import trailers
+    from .patchwriter import Header
+    text = "\n\n".join(filter(None, [description.strip(), trailers(origin, bug, forwarded)]))
+    return Header(name or "", subject or "", author or "", formatdate(), text)
+
+
+header_options = [
+    click.option("--subject", help="The patch's one-line summary."),
+    click.option("--author", help="'Name <email>' (default: the diff's, or vllm-patch)."),
+    click.option("--origin", help="Origin: the upstream PR or commit URL, or 'vendor'."),
+    click.option("--bug", help="Bug: the upstream issue URL."),
+    click.option("--forwarded", help="Forwarded: where it was sent upstream (default 'no')."),
+]
+
+
+def with_header_options(fn):
+    for option in reversed(header_options):
+        fn = option(fn)
+    return fn
+
+
+@main.command()
+@click.argument("name", required=False)
+@click.option("--from", "tree", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="A tree holding the pinned base with the whole series applied, plus the new edits.")
+@click.option("--file", "files", multiple=True, required=True, metavar="PATH", help="A file the patch changes.")
+@with_header_options
+@unique_option
+@upstream_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+@handle_errors
+def new(ctx, name, tree, files, subject, author, origin, bug, forwarded, unique, upstream, as_json) -> None:
+    """Start a patch at the end of the series from edited files, with a DEP-3 header."""
+    if not subject:
+        raise click.UsageError("give --subject")
+    header = _header(name, subject, author or "vllm-patch <vllm-patch@localhost>", origin, bug, forwarded)
+    _authored(_author(ctx, upstream, as_json).new(name, tree, list(files), header, unique), as_json)
+
+
+@main.command("import")
+@click.argument("source")
+@click.option("--repo", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="SOURCE is a commit range (A..B) of this git checkout: one patch per commit.")
+@click.option("--name", help="The patch file name (default: NNNN-subject.patch).")
+@with_header_options
+@unique_option
+@upstream_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+@handle_errors
+def import_cmd(ctx, source, repo, name, subject, author, origin, bug, forwarded, unique, upstream, as_json) -> None:
+    """Add a patch from a .diff/.patch file (e.g. a PR's diff) or a git commit range."""
+    import re as _re
+
+    from .authoring import git_range_diff
+    if repo:
+        mails = [m for m in _re.split(r"(?m)^(?=From [0-9a-f]{40} )", git_range_diff(repo, source).decode()) if m]
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise click.UsageError(f"{source} is not a file (give --repo for a commit range)")
+        mails = [path.read_bytes().decode("utf-8", "surrogateescape")]
+    if not mails:
+        raise click.UsageError(f"{source} holds no commit")
+    for mail in mails:
+        header = _header(name if len(mails) == 1 else None, subject if len(mails) == 1 else None, author,
+                         origin, bug, forwarded)
+        author_obj = _author(ctx, upstream, as_json)
+        _authored(author_obj.import_diff(mail.encode("utf-8", "surrogateescape"), header.name or None, header,
+                                         unique), as_json)
+
+
 def run() -> None:
     """Console-script entry point (click's usage errors exit with 2 by themselves)."""
     try:

@@ -18,13 +18,13 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
 from datetime import date
-from email.utils import parseaddr
 from pathlib import Path
 
 from .engine import Contents, State, analyze, classify, decode, encode, touched
 from .errors import InputError, PatchFailed
 from .merge3 import has_markers, merge_file
-from .patchfile import Patch, parse_patch
+from .patchfile import Patch
+from .patchwriter import Header, PatchWriter
 from .pin import Artifact, Pin
 from .series import PATCH_DIR, SERIES_FILE, Series
 from .transaction import Journal, commit
@@ -33,7 +33,6 @@ from .upstream_trees import UpstreamCache, UpstreamTree
 
 STATE_DIR = ".vllm-patch-rebase"
 DROPPED_FILE = "dropped-patches"
-MAX_CONTEXT = 40
 
 
 class Step(str, enum.Enum):
@@ -121,63 +120,6 @@ def _body(text: str) -> list[str]:
 
 def range_diff(old: str, new: str) -> str:
     return "\n".join(difflib.unified_diff(_body(old), _body(new), "old", "new", lineterm="", n=2))
-
-
-class PatchWriter:
-    """Regenerates patch mails with git: each patch becomes a commit (its author, date
-    and message kept) on the new base in the cache repository, then format-patch."""
-
-    def __init__(self, cache: UpstreamCache, base_commit: str) -> None:
-        self.cache = cache
-        self.repo = cache.repo
-        self.parent = base_commit
-
-    def write(self, patch: Patch, contents: Contents) -> str:
-        fd, index = tempfile.mkstemp(prefix="index-", dir=self.cache.path)
-        os.close(fd)
-        os.unlink(index)
-        env = {"GIT_INDEX_FILE": index}
-        try:
-            self.repo.git.read_tree(self.parent, env=env)
-            for rel, data in contents.items():
-                if data is None:
-                    self.repo.git.update_index("--force-remove", "--", rel, env=env)
-                else:
-                    tmp = tempfile.TemporaryFile()  # noqa: SIM115 - git reads it as stdin
-                    tmp.write(data)
-                    tmp.seek(0)
-                    blob = self.repo.git.hash_object("-w", "--stdin", istream=tmp)
-                    mode = next((f"100{f.mode:o}" for f in patch.files if f.path == rel), "100644")
-                    self.repo.git.update_index("--add", "--cacheinfo", f"{mode},{blob},{rel}", env=env)
-            tree = self.repo.git.write_tree(env=env)
-            name, email = parseaddr(patch.author)
-            author = {"GIT_AUTHOR_NAME": name or "unknown", "GIT_AUTHOR_EMAIL": email or "unknown@localhost",
-                      "GIT_COMMITTER_NAME": "vllm-patch", "GIT_COMMITTER_EMAIL": "vllm-patch@localhost"}
-            if patch.date:
-                author["GIT_AUTHOR_DATE"] = patch.date
-            message = f"{patch.subject}\n\n{patch.description}\n" if patch.description else patch.subject
-            commit_id = self.repo.git.commit_tree(tree, "-p", self.parent, "-m", message, env=author)
-        finally:
-            Path(index).unlink(missing_ok=True)
-        text = self.format(commit_id, patch.name)
-        self.parent = commit_id
-        return text
-
-    def format(self, commit_id: str, name: str) -> str:
-        """format-patch with the least context (3 or more) that makes every anchor unique."""
-        base = self.repo.git.rev_parse(f"{commit_id}^")
-        contents = None
-        for context in range(3, MAX_CONTEXT + 1):
-            text = self.repo.git.format_patch("-1", "--stdout", "--no-renames", "--no-signature",
-                                              f"-U{context}", commit_id, strip_newline_in_stdout=False)
-            patch = parse_patch(name, text.encode("utf-8"))
-            if contents is None:
-                contents = self.cache.read(base, list(patch.paths))
-            analysis = analyze([patch], contents)
-            if analysis.consistent and analysis.applied == 0 and \
-                    analyze([patch], {**contents, **analysis.patched}).applied == 1:
-                return text
-        raise PatchFailed(f"{name}: no context up to {MAX_CONTEXT} lines makes its anchors unique")
 
 
 def new_pin(tag: str, tree: UpstreamTree) -> Pin:
@@ -317,7 +259,7 @@ class Rebaser:
                                      "--continue' (or 'vllm-patch rebase --abort')")
             outcome = PatchOutcome(patch.name, step, list(patch.paths), note=note)
             if step is not Step.UPSTREAMED:
-                text = writer.write(patch, result)
+                text = writer.write(Header.of(patch), result, modes={f.path: f.mode for f in patch.files})
                 texts[patch.name] = text
                 outcome.range_diff = range_diff(patch.raw.decode("utf-8"), text)
             new_now = {**new_now, **result}

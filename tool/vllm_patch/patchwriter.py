@@ -1,0 +1,96 @@
+"""Write patch mails with git: the contents become a commit (author, date and message
+of the patch) in the cache repository, then ``git format-patch`` prints it, with the
+least context (3 lines or more) that makes every anchor unique."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from email.utils import parseaddr
+from pathlib import Path
+
+from .engine import Contents, analyze
+from .errors import PatchFailed
+from .patchfile import Patch, parse_patch
+from .upstream_trees import UpstreamCache
+
+MAX_CONTEXT = 40
+
+
+@dataclass(frozen=True)
+class Header:
+    """What a patch mail says about itself."""
+
+    name: str
+    subject: str
+    author: str
+    date: str = ""
+    description: str = ""
+
+    @classmethod
+    def of(cls, patch: Patch) -> Header:
+        return cls(patch.name, patch.subject, patch.author, patch.date, patch.description)
+
+
+class PatchWriter:
+    """Chains commits on `base_commit` in the cache repository and formats them."""
+
+    def __init__(self, cache: UpstreamCache, base_commit: str) -> None:
+        self.cache = cache
+        self.repo = cache.repo
+        self.parent = base_commit
+
+    def commit(self, contents: Contents, message: str, author: str = "", date: str = "",
+               modes: dict[str, int] | None = None) -> str:
+        """A commit of `contents` on the current parent, which it becomes."""
+        fd, index = tempfile.mkstemp(prefix="index-", dir=self.cache.path)
+        os.close(fd)
+        os.unlink(index)
+        env = {"GIT_INDEX_FILE": index}
+        try:
+            self.repo.git.read_tree(self.parent, env=env)
+            for rel, data in contents.items():
+                if data is None:
+                    self.repo.git.update_index("--force-remove", "--", rel, env=env)
+                    continue
+                with tempfile.TemporaryFile() as tmp:
+                    tmp.write(data)
+                    tmp.seek(0)
+                    blob = self.repo.git.hash_object("-w", "--stdin", istream=tmp)
+                mode = "100755" if (modes or {}).get(rel, 0o644) & 0o111 else "100644"
+                self.repo.git.update_index("--add", "--cacheinfo", f"{mode},{blob},{rel}", env=env)
+            tree = self.repo.git.write_tree(env=env)
+        finally:
+            Path(index).unlink(missing_ok=True)
+        name, email = parseaddr(author)
+        who = {"GIT_AUTHOR_NAME": name or email or "unknown", "GIT_AUTHOR_EMAIL": email or "unknown@localhost",
+               "GIT_COMMITTER_NAME": "vllm-patch", "GIT_COMMITTER_EMAIL": "vllm-patch@localhost"}
+        if date:
+            who["GIT_AUTHOR_DATE"] = date
+        self.parent = self.repo.git.commit_tree(tree, "-p", self.parent, "-m", message, env=who)
+        return self.parent
+
+    def write(self, header: Header, contents: Contents, widen: bool = True,
+              modes: dict[str, int] | None = None) -> str:
+        """The patch mail taking the current parent to `contents`."""
+        message = f"{header.subject}\n\n{header.description}\n" if header.description else header.subject
+        return self.format(self.commit(contents, message, header.author, header.date, modes), header.name, widen)
+
+    def format(self, commit_id: str, name: str, widen: bool = True) -> str:
+        base = self.repo.git.rev_parse(f"{commit_id}^")
+        contents = None
+        for context in range(3, MAX_CONTEXT + 1 if widen else 4):
+            text = self.repo.git.format_patch("-1", "--stdout", "--no-renames", "--no-signature",
+                                              f"-U{context}", commit_id, strip_newline_in_stdout=False)
+            patch = parse_patch(name, text.encode("utf-8"))
+            if contents is None:
+                contents = self.cache.read(base, list(patch.paths))
+            analysis = analyze([patch], contents)
+            if analysis.consistent and analysis.applied == 0 and \
+                    analyze([patch], {**contents, **analysis.patched}).applied == 1:
+                return text
+        problems = "; ".join(p for r in analysis.reports for p in r.problems())
+        if not widen:
+            raise PatchFailed(f"{name}: {problems}; pass --unique to widen the context until every anchor is unique")
+        raise PatchFailed(f"{name}: no context up to {MAX_CONTEXT} lines makes its anchors unique ({problems})")
