@@ -184,7 +184,7 @@ class Rebaser:
 
     def resume(self) -> RebaseResult:
         state = self._load()
-        work = self.state_dir / "work"
+        work = self.state_dir / "resolve"
         resolved: Contents = {}
         patch = self.series.patches[state.next_index]
         for rel in patch.paths:
@@ -217,12 +217,12 @@ class Rebaser:
         tmp = Path(tempfile.mkdtemp(prefix=".rebase-", dir=self.root))
         for rel, data in conflict.items():
             if data is not None:
-                (tmp / "work" / rel).parent.mkdir(parents=True, exist_ok=True)
-                (tmp / "work" / rel).write_bytes(data)
+                (tmp / "resolve" / rel).parent.mkdir(parents=True, exist_ok=True)
+                (tmp / "resolve" / rel).write_bytes(data)
         (tmp / "state.json").write_text(json.dumps(asdict(state), indent=1))
         shutil.rmtree(self.state_dir, ignore_errors=True)
         os.replace(tmp, self.state_dir)
-        return self.state_dir / "work"
+        return self.state_dir / "resolve"
 
     def _run(self, state: SavedState, resolved: Contents | None) -> RebaseResult:
         patches = list(self.series.patches)
