@@ -119,10 +119,10 @@ class UpstreamCache:
 
 def get_tree(tag: str, repo: str | None = None, quiet: bool = False,
              cache: UpstreamCache | None = None) -> UpstreamTree:
-    """The tree for `tag`: from `repo` (a checkout path or git URL) when given, else the PyPI sdist."""
+    """The tree for `tag`: from `repo` (a checkout path or git URL; any ref) when given, else the PyPI sdist."""
     cache = cache or UpstreamCache()
     if repo:
-        return cache.from_git(repo, tag if tag.startswith("refs/") or len(tag) == 40 else f"refs/tags/{tag}")
+        return cache.from_git(repo, tag)
     try:
         return cache.from_sdist(tag, quiet=quiet)
     except DownloadError as exc:
