@@ -253,11 +253,10 @@ def rebase(ctx: click.Context, tag: str | None, resume: bool, abort: bool, repo:
 
 def _author(ctx: click.Context, upstream: str | None, quiet: bool):
     from .authoring import Author
-    from .upstream_trees import get_tree
+    from .upstream_trees import UpstreamCache, get_tree
 
     root = Path(ctx.obj.get("series_dir") or find_series_root())
     series = load_series(root)
-    from .upstream_trees import UpstreamCache
     cache = UpstreamCache()
     base = get_tree(series.pin.tag, upstream, quiet=quiet, cache=cache)
     return Author(root, series, cache, base.commit)
@@ -279,30 +278,6 @@ unique_option = click.option("--unique", is_flag=True,
                              help="Widen the context of ambiguous hunks until every anchor is unique.")
 
 
-@main.command()
-@click.argument("name")
-@click.option("--from", "tree", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="The edited tree: the pinned base with the patches up to NAME, plus your edits.")
-@click.option("--file", "files", multiple=True, metavar="PATH", help="Also record this file's changes.")
-@unique_option
-@upstream_option
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.pass_context
-@handle_errors
-def refresh(ctx, name, tree, files, unique, upstream, as_json) -> None:
-    """Regenerate patch NAME from an edited tree, keeping its header (no edit: no byte changes)."""
-    _authored(_author(ctx, upstream, as_json).refresh(name, tree, unique, list(files)), as_json)
-
-
-def _header(name, subject, author, origin, bug, forwarded, description=""):
-    from email.utils import formatdate
-
-    from .authoring import trailers
-    from .patchwriter import Header
-    text = "\n\n".join(filter(None, [description.strip(), trailers(origin, bug, forwarded)]))
-    return Header(name or "", subject or "", author or "", formatdate(), text)
-
-
 header_options = [
     click.option("--subject", help="The patch's one-line summary."),
     click.option("--author", help="'Name <email>' (default: the diff's, or vllm-patch)."),
@@ -312,10 +287,35 @@ header_options = [
 ]
 
 
-def with_header_options(fn):
-    for option in reversed(header_options):
-        fn = option(fn)
-    return fn
+def authoring_command(header: bool):
+    """The options and error handling that refresh, new and import share."""
+    options = [*(header_options if header else []), unique_option, upstream_option,
+               click.option("--json", "as_json", is_flag=True, help="Print JSON."), click.pass_context, handle_errors]
+
+    def decorate(fn):
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+    return decorate
+
+
+@main.command()
+@click.argument("name")
+@click.option("--from", "tree", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="The edited tree: the pinned base with the patches up to NAME, plus your edits.")
+@click.option("--file", "files", multiple=True, metavar="PATH", help="Also record this file's changes.")
+@authoring_command(header=False)
+def refresh(ctx, name, tree, files, unique, upstream, as_json) -> None:
+    """Regenerate patch NAME from an edited tree, keeping its header (no edit: no byte changes)."""
+    _authored(_author(ctx, upstream, as_json).refresh(name, tree, unique, list(files)), as_json)
+
+
+def _header(name, subject, author, origin, bug, forwarded):
+    from email.utils import formatdate
+
+    from .authoring import trailers
+    from .patchwriter import Header
+    return Header(name or "", subject or "", author or "", formatdate(), trailers(origin, bug, forwarded))
 
 
 @main.command()
@@ -323,12 +323,7 @@ def with_header_options(fn):
 @click.option("--from", "tree", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="A tree holding the pinned base with the whole series applied, plus the new edits.")
 @click.option("--file", "files", multiple=True, required=True, metavar="PATH", help="A file the patch changes.")
-@with_header_options
-@unique_option
-@upstream_option
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.pass_context
-@handle_errors
+@authoring_command(header=True)
 def new(ctx, name, tree, files, subject, author, origin, bug, forwarded, unique, upstream, as_json) -> None:
     """Start a patch at the end of the series from edited files, with a DEP-3 header."""
     if not subject:
@@ -342,12 +337,7 @@ def new(ctx, name, tree, files, subject, author, origin, bug, forwarded, unique,
 @click.option("--repo", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="SOURCE is a commit range (A..B) of this git checkout: one patch per commit.")
 @click.option("--name", help="The patch file name (default: NNNN-subject.patch).")
-@with_header_options
-@unique_option
-@upstream_option
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.pass_context
-@handle_errors
+@authoring_command(header=True)
 def import_cmd(ctx, source, repo, name, subject, author, origin, bug, forwarded, unique, upstream, as_json) -> None:
     """Add a patch from a .diff/.patch file (e.g. a PR's diff) or a git commit range."""
     import re as _re

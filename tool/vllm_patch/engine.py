@@ -259,7 +259,7 @@ def analyze(patches: Sequence[Patch], contents: Mapping[str, bytes | None]) -> A
         undone = _walk([p.inverted() for p in reversed(patches[:k])], files)
         if undone is None:
             continue
-        back_reports, base_files, _ = undone
+        _, base_files, _ = undone
         forward = _walk(patches, base_files)
         if forward is None:
             continue

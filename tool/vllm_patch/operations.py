@@ -6,7 +6,8 @@ target's lock and journal, does anything get written.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from .engine import Analysis, Contents, analyze, created_modes, touched
@@ -106,6 +107,16 @@ def _plan_forward(target: Target, series: Series, notes: list[str]) -> tuple[Ana
     return analysis, {**contents, **analysis.patched}, paths, contents
 
 
+@contextmanager
+def _session(target: Target, series: Series, force: bool, wait: float,
+             on_wait: Callable[[], None] | None) -> Iterator[tuple[str | None, Found, list[str]]]:
+    """A writing command's start: take the lock, recover an interrupted run, check the pin."""
+    with target_lock(target.lock_dir, wait, on_wait):
+        recovered = target.recover()
+        notes: list[str] = []
+        yield recovered, _identify(target, series, force, notes), notes
+
+
 def _write(action: str, target: Target, patches: list[Patch], analysis: Analysis, paths: list[str],
            contents: Contents, new: Contents, keep: int, dry_run: bool, commit_each: bool,
            recovered: str | None, found: Found, notes: list[str]) -> Outcome:
@@ -127,10 +138,7 @@ def apply(target: Target, series: Series, dry_run: bool = False, force: bool = F
           commit_each: bool = False, wait: float = 0.0,
           on_wait: Callable[[], None] | None = None) -> Outcome:
     """Apply every patch not yet applied, all or nothing."""
-    with target_lock(target.lock_dir, wait, on_wait):
-        recovered = target.recover()
-        notes: list[str] = []
-        found = _identify(target, series, force, notes)
+    with _session(target, series, force, wait, on_wait) as (recovered, found, notes):
         analysis, new, paths, contents = _plan_forward(target, series, notes)
         patches = list(series.patches)
         return _write("apply", target, patches, analysis, paths, contents, new, len(patches), dry_run,
@@ -141,10 +149,7 @@ def revert(target: Target, series: Series, dry_run: bool = False, force: bool = 
            commit_each: bool = False, wait: float = 0.0,
            on_wait: Callable[[], None] | None = None) -> Outcome:
     """Undo every applied patch, restoring the original bytes."""
-    with target_lock(target.lock_dir, wait, on_wait):
-        recovered = target.recover()
-        notes: list[str] = []
-        found = _identify(target, series, force, notes)
+    with _session(target, series, force, wait, on_wait) as (recovered, found, notes):
         recorded = target.recorded_patches()
         patches = recorded if recorded is not None else list(series.patches)
         if recorded is not None and not _same(recorded, list(series.patches)):

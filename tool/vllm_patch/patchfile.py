@@ -23,7 +23,6 @@ from unidiff.constants import (
 
 from .errors import InputError
 
-TRAILER_KEYS = ("Origin", "Bug", "Forwarded", "Applied-Upstream", "Last-Update", "Drop-When")
 RE_HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)$")
 RE_TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*): (.+)$")
 

@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .engine import touched
 from .errors import InputError
 from .patchfile import Patch, check_path, parse_patch
 from .pin import PIN_KEYS, Pin, pin_from_fields
@@ -39,11 +40,7 @@ class Series:
 
     def touched_paths(self) -> tuple[str, ...]:
         """Every path any patch touches, in first-seen order."""
-        seen: dict[str, None] = {}
-        for patch in self.patches:
-            for path in patch.paths:
-                seen.setdefault(path, None)
-        return tuple(seen)
+        return tuple(touched(self.patches))
 
     @property
     def digest(self) -> str:

@@ -171,20 +171,18 @@ def _write(src: WheelFile, path: Path, dist_info: str, new_dist_info: str, metad
             copy_raw(src, info, dst)
             dst._file_hashes[member] = pair
             dst._file_sizes[member] = info.file_size
-        for member, data in new_files.items():
+        created = {**new_files, f"{new_dist_info}/{STATE_FILE}": state.encode() if state is not None else None}
+        for member, data in created.items():
             if data is not None:
-                zi = zipfile.ZipInfo(member, date_time=(2026, 1, 1, 0, 0, 0))
-                zi.external_attr = 0o100644 << 16
-                zi.compress_type = zipfile.ZIP_DEFLATED
-                dst.writestr(zi, data)
-        if state is not None:
-            zi = zipfile.ZipInfo(f"{new_dist_info}/{STATE_FILE}", date_time=(2026, 1, 1, 0, 0, 0))
-            zi.external_attr = 0o100644 << 16
-            zi.compress_type = zipfile.ZIP_DEFLATED
-            dst.writestr(zi, state)
+                dst.writestr(_like(NEW_MEMBER, member), data)
+
+
+NEW_MEMBER = zipfile.ZipInfo("new", date_time=(2026, 1, 1, 0, 0, 0))
+NEW_MEMBER.external_attr = 0o100644 << 16
 
 
 def _like(info: zipfile.ZipInfo, name: str) -> zipfile.ZipInfo:
+    """A member named `name` with `info`'s date and mode, deflated."""
     zi = zipfile.ZipInfo(name, date_time=info.date_time)
     zi.external_attr = info.external_attr
     zi.compress_type = zipfile.ZIP_DEFLATED

@@ -22,7 +22,6 @@ class Plan:
     changes: Contents
     modes: dict[str, int] = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
 
 
 @dataclass

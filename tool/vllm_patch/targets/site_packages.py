@@ -180,14 +180,14 @@ class SitePackagesTarget(Target):
         text = self._record_text()
         parsed = record.parse_lines(text)
         lines = parsed.lines
-        known = {p: (i, None) for p, i in record.index(lines).items()}
+        at = record.index(lines)
         kept = patches[:keep]
         sources = [rel for rel in changes if not rel.endswith(".pyc")]
         for rel in sources:
             if rel not in originals:
-                originals[rel] = lines[known[rel][0]] if rel in known else None
-                if rel in known:
-                    original_at[rel] = known[rel][0]
+                originals[rel] = lines[at[rel]] if rel in at else None
+                if rel in at:
+                    original_at[rel] = at[rel]
         if kept:
             state_text = json.dumps({
                 "tool": f"vllm-patch {__version__}",
@@ -209,16 +209,16 @@ class SitePackagesTarget(Target):
                 self._check_restores(rel, prior[rel], data)
             else:
                 wanted[rel] = None if data is None else record.make_line(rel, data)
-        if self.state_path in changes and (not kept or self.state_path not in known):
+        if self.state_path in changes and (not kept or self.state_path not in at):
             wanted[self.state_path] = record.make_line(self.state_path, None) if kept else None
-        by_index = {known[rel][0]: line for rel, line in wanted.items() if rel in known}
+        by_index = {at[rel]: line for rel, line in wanted.items() if rel in at}
         out = [by_index.get(i, line) if i in by_index else line for i, line in enumerate(lines)]
         out = [line for i, line in enumerate(out) if not (i in by_index and by_index[i] is None)]
         back = {rel: line for rel, line in wanted.items()
-                if rel not in known and line is not None and not kept and rel in prior_at}
-        added = [line for rel, line in wanted.items() if rel not in known and line is not None and rel not in back]
-        at = self._insert_at(out)
-        out[at:at] = added
+                if rel not in at and line is not None and not kept and rel in prior_at}
+        added = [line for rel, line in wanted.items() if rel not in at and line is not None and rel not in back]
+        pos = self._insert_at(out)
+        out[pos:pos] = added
         # Lines of files a patch had deleted go back where they were.
         for rel in sorted(back, key=prior_at.__getitem__):
             out.insert(prior_at[rel], back[rel])
