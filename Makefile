@@ -4,14 +4,14 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 SERIES_ARGS ?=
 
-.PHONY: help setup check wheel image image-wheel test unit lint bench clean
+.PHONY: help setup check wheel image image-wheel test unit lint bench gpu-bundle gpu-test clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
 
 $(BIN)/vllm-patch: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[test]'
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,kernels]'
 	@touch $@
 
 setup: $(BIN)/vllm-patch ## create .venv with vllm-patch and the test tools
@@ -42,6 +42,13 @@ test: setup lint ## lint, then every test (the real vLLM sdist and wheel are dow
 
 bench: setup ## benchmark check/apply/revert on the real vLLM tree
 	$(BIN)/python benchmarks/bench_core.py
+
+gpu-bundle: setup ## make the offline bundle for a GPU host in .gpu/ (slimmed pinned wheel + the wheels it needs)
+	$(BIN)/python tests/gpu/bundle.py --out .gpu
+
+gpu-test: ## on a GPU host: assemble .gpu/, run kernel tests and scenarios on both trees, report to tests/gpu/reports
+	tests/gpu/host.sh stage .gpu/p*
+	tests/gpu/host.sh all
 
 clean: ## remove the venv and build leftovers (not the download cache)
 	rm -rf $(VENV) build dist tool/*.egg-info .pytest_cache .ruff_cache

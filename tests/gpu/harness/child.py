@@ -1,0 +1,128 @@
+"""One engine in one process: start `vllm.LLM`, run the workloads, write a JSON result.
+
+Run as `python -m harness.child JOB.json RESULT.json` with the vLLM under test first
+on PYTHONPATH. Whatever happens, the result file says it: a crash is recorded with
+the exception's last line and the innermost vLLM frame, so the parent can report it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+def _stub_structured_output() -> None:
+    """llguidance and xgrammar serve structured output only; the bundle leaves them out."""
+    import importlib.util
+    import types
+
+    def placeholder(attr: str) -> type:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return type(attr, (), {})
+
+    for name in ("llguidance", "xgrammar"):
+        if importlib.util.find_spec(name) is None:
+            stub = types.ModuleType(name)
+            stub.__getattr__ = placeholder  # type annotations at vLLM's import name their classes
+            sys.modules[name] = stub
+
+
+def where(exc: BaseException) -> dict[str, Any]:
+    """The exception's type, last message line, raising frame and innermost vLLM frame."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    vllm_frames = [f for f in frames if f"{os.sep}vllm{os.sep}" in f.filename]
+    last = frames[-1] if frames else None
+    inner = vllm_frames[-1] if vllm_frames else last
+    message = (str(exc).strip().splitlines() or [""])[-1]
+
+    def short(frame) -> str | None:
+        if frame is None:
+            return None
+        path = frame.filename
+        if f"{os.sep}vllm{os.sep}" in path:
+            path = "vllm/" + path.rsplit(f"{os.sep}vllm{os.sep}", 1)[1]
+        return f"{path}:{frame.lineno} in {frame.name}"
+
+    return {"type": type(exc).__name__, "message": message[:500], "at": short(inner), "raised": short(last)}
+
+
+def _spec_metrics(llm) -> dict[str, Any]:
+    values: dict[str, float] = {}
+    try:
+        metrics = llm.get_metrics()
+    except Exception:  # metrics are an extra; a failure here must not hide the run
+        return {}
+    for m in metrics:
+        if m.name.startswith("vllm:spec_decode_num_") and hasattr(m, "value"):
+            values[m.name.removeprefix("vllm:spec_decode_")] = float(m.value)
+    return values
+
+
+def run(job: dict[str, Any]) -> dict[str, Any]:
+    result: dict[str, Any] = {"booted": False, "workloads": {}}
+    started = time.perf_counter()
+    try:
+        _stub_structured_output()
+        import vllm
+
+        # Imported from their modules: vllm's lazy __getattr__ turns an import failure into
+        # "cannot import name", hiding the cause.
+        from vllm.entrypoints.llm import LLM
+        from vllm.sampling_params import SamplingParams
+
+        result["vllm_file"] = vllm.__file__
+        llm = LLM(model=job["model_dir"], **job["kwargs"])
+    except BaseException as exc:  # noqa: BLE001 - a crash at boot is a result
+        result["error"] = where(exc)
+        result["traceback"] = traceback.format_exc()[-4000:]
+        result["boot_s"] = round(time.perf_counter() - started, 1)
+        return result
+    result["booted"] = True
+    result["boot_s"] = round(time.perf_counter() - started, 1)
+    try:
+        config = llm.llm_engine.vllm_config.compilation_config
+        result["cudagraph_mode"] = str(config.cudagraph_mode)
+    except Exception:  # informational only
+        pass
+    try:
+        for w in job["workloads"]:
+            params = SamplingParams(temperature=0.0, max_tokens=w["max_tokens"], min_tokens=w["max_tokens"],
+                                    detokenize=False, ignore_eos=True)
+            before = _spec_metrics(llm)
+            t0 = time.perf_counter()
+            outs = llm.generate([{"prompt_token_ids": list(p)} for p in w["prompts"]], params, use_tqdm=False)
+            seconds = time.perf_counter() - t0
+            tokens = [list(o.outputs[0].token_ids) for o in outs]
+            after = _spec_metrics(llm)
+            result["workloads"][w["name"]] = {
+                "tokens": tokens,
+                "seconds": round(seconds, 4),
+                "tokens_per_s": round(sum(map(len, tokens)) / seconds, 1) if seconds else None,
+                "spec": {k: after[k] - before.get(k, 0.0) for k in after},
+            }
+    except BaseException as exc:  # noqa: BLE001 - a crash while generating is a result
+        result["error"] = where(exc)
+        result["traceback"] = traceback.format_exc()[-4000:]
+    return result
+
+
+def main() -> None:
+    job = json.loads(Path(sys.argv[1]).read_text())
+    result = run(job)
+    Path(sys.argv[2]).write_text(json.dumps(result))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # vLLM's engine threads can keep an interpreter alive past the end of main.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""Run scenarios on one or more vLLM trees: each engine in its own subprocess with a
+timeout, results cached per (tree, engine) so a run can be split over several calls
+and a shared reference runs once."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from . import report
+from .models import build
+from .scenarios import Engine, Scenario
+
+HARNESS_ROOT = Path(__file__).resolve().parent.parent
+
+
+def engine_digest(engine: Engine) -> str:
+    return hashlib.sha256(engine.key().encode()).hexdigest()[:16]
+
+
+def _job(engine: Engine, model_dir: Path) -> dict[str, Any]:
+    return {
+        "model_dir": str(model_dir),
+        "kwargs": engine.kwargs,
+        "workloads": [asdict(w) for w in engine.workloads],
+    }
+
+
+def _env(tree: Path, extra_path: list[Path], cache: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    parts = [str(tree), str(HARNESS_ROOT), *map(str, extra_path)]
+    if env.get("PYTHONPATH"):
+        parts.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    env.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
+    env.setdefault("VLLM_CACHE_ROOT", str(cache / "vllm"))
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_engine(engine: Engine, tree: Path, model_dir: Path, out: Path, extra_path: list[Path],
+               cache: Path, timeout: float) -> dict[str, Any]:
+    """Start one engine in a subprocess; return its result (a crash and a timeout are results)."""
+    out.mkdir(parents=True, exist_ok=True)
+    digest = engine_digest(engine)
+    job_file, result_file, log_file = (out / f"{digest}.{s}" for s in ("job.json", "json", "log"))
+    job_file.write_text(json.dumps(_job(engine, model_dir)))
+    result_file.unlink(missing_ok=True)
+    started = time.perf_counter()
+    with open(log_file, "wb") as log:
+        try:
+            proc = subprocess.run([sys.executable, "-m", "harness.child", str(job_file), str(result_file)],
+                                  env=_env(tree, extra_path, cache), stdout=log, stderr=subprocess.STDOUT,
+                                  timeout=timeout, check=False)
+            code: int | None = proc.returncode
+        except subprocess.TimeoutExpired:
+            code = None
+    wall = round(time.perf_counter() - started, 1)
+    if result_file.exists():
+        result = json.loads(result_file.read_text())
+    else:
+        tail = log_file.read_bytes()[-2000:].decode(errors="replace").strip().splitlines()
+        why = f"timed out after {timeout:.0f} s" if code is None else f"exited {code} without a result"
+        result = {"booted": False, "failure": f"{why}; last log line: {tail[-1] if tail else ''}"}
+    result.update(returncode=code, wall_s=wall)
+    result_file.write_text(json.dumps(result))
+    return result
+
+
+def run(scenarios: list[Scenario], trees: dict[str, Path], work: Path, extra_path: list[Path],
+        timeout: float = 420.0, jobs: int = 1, fresh: bool = False,
+        log=print) -> dict[str, dict[str, dict[str, Any]]]:
+    """Results by tree label, then engine digest. Engines already run are reused unless fresh."""
+    models = work / "models"
+    engines = {engine_digest(e): e for s in scenarios for e in (s.test, s.reference)}
+    dirs = {e.model.name: build(e.model, models) for e in engines.values()}
+    todo = []
+    results: dict[str, dict[str, dict[str, Any]]] = {label: {} for label in trees}
+    for label, tree in trees.items():
+        for digest, engine in engines.items():
+            done = work / "results" / label / f"{digest}.json"
+            if done.exists() and not fresh:
+                results[label][digest] = json.loads(done.read_text())
+            else:
+                todo.append((label, tree, digest, engine))
+
+    def one(item):
+        label, tree, digest, engine = item
+        res = run_engine(engine, tree, dirs[engine.model.name], work / "results" / label, extra_path,
+                         work / "cache", timeout)
+        state = "booted" if res.get("booted") else "crashed"
+        log(f"[{label}] {engine.model.name} {digest}: {state} in {res['wall_s']} s")
+        return label, digest, res
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for label, digest, res in pool.map(one, todo):
+            results[label][digest] = res
+    return results
+
+
+def judge_all(scenarios: list[Scenario], results: dict[str, dict[str, dict[str, Any]]]) -> list[report.Judgement]:
+    out = []
+    for scenario in scenarios:
+        for label, by_digest in results.items():
+            test = by_digest.get(engine_digest(scenario.test))
+            ref = by_digest.get(engine_digest(scenario.reference))
+            if test is None or ref is None:
+                continue
+            out.append(report.judge(scenario.name, label, test, ref))
+    return out
+
+
+def load(scenarios: list[Scenario], trees: dict[str, Path], work: Path) -> dict[str, dict[str, dict[str, Any]]]:
+    """The results earlier runs left in work/results, for the report command."""
+    results: dict[str, dict[str, dict[str, Any]]] = {label: {} for label in trees}
+    for label in trees:
+        for scenario in scenarios:
+            for engine in (scenario.test, scenario.reference):
+                digest = engine_digest(engine)
+                path = work / "results" / label / f"{digest}.json"
+                if path.exists():
+                    results[label][digest] = json.loads(path.read_text())
+    return results

@@ -1,0 +1,147 @@
+"""The GPU scenarios: an engine configuration under test, a reference configuration, a
+tiny random model and the prompts (token ids; no tokenizer). Pure data.
+
+Each scenario names the patches that fix it and what unpatched v0.20.0 does, so a
+report can say whether a run shows the bug or the fix.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .models import LLAMA6, QWEN3_NEXT12, ModelSpec
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One `LLM.generate` call: the prompts go in as one batch."""
+
+    name: str
+    prompts: tuple[tuple[int, ...], ...]
+    max_tokens: int = 64
+
+
+@dataclass(frozen=True)
+class Engine:
+    """An engine to start in a subprocess: a model and `LLM(...)` keyword arguments."""
+
+    model: ModelSpec
+    kwargs: dict[str, Any]
+    workloads: tuple[Workload, ...]
+
+    def key(self) -> str:
+        """Engines with the same key give the same tokens; a shared reference runs once."""
+        return json.dumps({"model": self.model.key(), "kwargs": self.kwargs,
+                           "workloads": [[w.name, w.prompts, w.max_tokens] for w in self.workloads]},
+                          sort_keys=True)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    title: str
+    test: Engine
+    reference: Engine
+    unpatched: str
+    fixed_by: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _prompt(seed: int, length: int, vocab: int, period: int | None = None) -> tuple[int, ...]:
+    """A deterministic prompt; with a period it repeats, so an ngram drafter finds matches."""
+    span = period or length
+    base = [(seed * 131 + i * (2 * seed + 7) + (i * i) % 13) % vocab for i in range(span)]
+    return tuple(base[i % span] for i in range(length))
+
+
+def prompts(vocab: int) -> tuple[tuple[int, ...], ...]:
+    """Four heterogeneous prompts: repeating and not, 14 to 96 tokens."""
+    return (
+        _prompt(1, 24, vocab, period=6),
+        _prompt(2, 40, vocab),
+        _prompt(3, 14, vocab, period=4),
+        _prompt(4, 96, vocab, period=24),
+    )
+
+
+COMMON: dict[str, Any] = {
+    "max_model_len": 1024,
+    # A fixed KV cache instead of memory profiling, so engines can share the GPU at once.
+    "gpu_memory_utilization": 0.2,
+    "kv_cache_memory_bytes": 2 << 30,
+    "max_num_seqs": 8,
+    "seed": 0,
+    "skip_tokenizer_init": True,
+    "disable_log_stats": False,
+    # TurboQuant needs FlashAttention 2; the offline bundle carries only FA2.
+    "attention_config": {"flash_attn_version": 2},
+}
+
+
+def ngram(k: int) -> dict[str, Any]:
+    return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+
+
+def _engine(model: ModelSpec, workloads: tuple[Workload, ...], **kwargs: Any) -> Engine:
+    return Engine(model=model, kwargs={**COMMON, **kwargs}, workloads=workloads)
+
+
+def _turboquant_llama(preset: str) -> Scenario:
+    batch = (Workload("batch4", prompts(LLAMA6.config["vocab_size"])),)
+    kv = {"kv_cache_dtype": f"turboquant_{preset}", "speculative_config": ngram(3)}
+    return Scenario(
+        name=f"a-tq-{preset}-ngram3-graphs",
+        title=f"Llama 6 layers, TurboQuant {preset}, ngram k=3, FULL_AND_PIECEWISE graphs vs eager",
+        test=_engine(LLAMA6, batch, **kv),
+        reference=_engine(LLAMA6, batch, enforce_eager=True, **kv),
+        unpatched="crashes while capturing CUDA graphs (.tolist() in turboquant_attn.py _prefill_attention)",
+        fixed_by=("0001", "0002"),
+    )
+
+
+def _gdn_ngram(k: int, name: str) -> Scenario:
+    vocab = QWEN3_NEXT12.config["vocab_size"]
+    workloads = (Workload("single", prompts(vocab)[:1], max_tokens=96), Workload("mixed4", prompts(vocab)))
+    small_steps = {"max_num_batched_tokens": 64}
+    return Scenario(
+        name=name,
+        title=f"Qwen3-Next hybrid (GDN + attention), ngram k={k} vs no speculation, batch of 1 and mixed batch of 4",
+        test=_engine(QWEN3_NEXT12, workloads, speculative_config=ngram(k), **small_steps),
+        reference=_engine(QWEN3_NEXT12, workloads, **small_steps),
+        unpatched="runs, but greedy tokens diverge from no-speculation after an accepted draft (GDN state)",
+        fixed_by=("0004", "0005"),
+    )
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    _turboquant_llama("k8v4"),
+    _turboquant_llama("4bit_nc"),
+    Scenario(
+        name="b-tq-hybrid-gdn",
+        title="Qwen3-Next hybrid (GDN + attention), TurboQuant k8v4, graphs vs eager",
+        test=_engine(QWEN3_NEXT12, (Workload("batch4", prompts(QWEN3_NEXT12.config["vocab_size"])),),
+                     kv_cache_dtype="turboquant_k8v4"),
+        reference=_engine(QWEN3_NEXT12, (Workload("batch4", prompts(QWEN3_NEXT12.config["vocab_size"])),),
+                          kv_cache_dtype="turboquant_k8v4", enforce_eager=True),
+        unpatched="refused: NotImplementedError in vllm/engine/arg_utils.py (hybrid models)",
+        fixed_by=("0003",),
+    ),
+    _gdn_ngram(3, "c-gdn-ngram3"),
+    _gdn_ngram(8, "d-gdn-ngram8"),
+)
+
+BY_NAME = {s.name: s for s in SCENARIOS}
+
+
+def select(names: str | None) -> list[Scenario]:
+    """Scenarios by comma-separated names or name prefixes (`a` selects both a-* scenarios)."""
+    if not names:
+        return list(SCENARIOS)
+    chosen: list[Scenario] = []
+    for word in names.split(","):
+        hits = [s for s in SCENARIOS if s.name == word or s.name.startswith(word.strip() + "-")]
+        if not hits:
+            raise ValueError(f"no scenario named {word!r}; known: {', '.join(BY_NAME)}")
+        chosen.extend(h for h in hits if h not in chosen)
+    return chosen

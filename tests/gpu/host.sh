@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# The GPU host's side of the harness: assemble the offline bundle that tests/gpu/bundle.py
+# made, then run the kernel tests and the scenarios on the pristine and the patched vLLM.
+# Needs python3 with CUDA torch 2.11, triton 3.6, transformers and pytest; no network.
+#
+#   tests/gpu/host.sh stage DIR...      copy bundle parts (the .gpu/pN folders) into $VP_HOME/parts
+#   tests/gpu/host.sh setup             unpack vLLM, install the wheels, make the patched tree
+#   tests/gpu/host.sh kernels [ARGS]    kernel tests on both trees (pytest ARGS)
+#   tests/gpu/host.sh scenarios [ARGS]  scenarios on both trees (harness run ARGS, e.g. --scenarios a)
+#   tests/gpu/host.sh all               setup, kernels, scenarios
+#   tests/gpu/host.sh save-cache FILE | load-cache FILE   Triton and vLLM compile caches, as tar.xz
+#
+# VP_HOME (default /tmp/vllm-patch-gpu) holds everything; VP_REPORT (default tests/gpu/reports)
+# receives the report; VP_TREES (default "unpatched patched") picks the trees.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+VP_HOME=${VP_HOME:-/tmp/vllm-patch-gpu}
+VP_REPORT=${VP_REPORT:-$ROOT/tests/gpu/reports}
+VP_TREES=${VP_TREES:-unpatched patched}
+PY=${PYTHON:-python3}
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$VP_HOME/work/cache/triton}
+export VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-$VP_HOME/work/cache/vllm}
+
+die() { echo "host.sh: $*" >&2; exit 2; }
+
+stage() {
+    mkdir -p "$VP_HOME/parts"
+    for dir in "$@"; do
+        [ -d "$dir" ] || die "no bundle part folder $dir"
+        cp -r "$dir"/. "$VP_HOME/parts/"
+    done
+    ls "$VP_HOME/parts"
+}
+
+setup() {
+    local parts=$VP_HOME/parts manifest=$VP_HOME/parts/manifest.json
+    [ -f "$manifest" ] || die "no manifest in $parts: stage the bundle parts first"
+    if [ ! -f "$VP_HOME/pristine/.complete" ]; then
+        "$PY" - "$parts" "$VP_HOME/pristine" <<'EOF'
+import hashlib, json, sys, tarfile
+from pathlib import Path
+parts, dest = Path(sys.argv[1]), Path(sys.argv[2])
+manifest = json.loads((parts / "manifest.json").read_text())
+names = [Path(p).name for p in manifest["parts"]]
+missing = [n for n in names if not (parts / n).exists()]
+if missing:
+    sys.exit(f"host.sh: bundle parts missing: {', '.join(missing)}")
+archive = parts / manifest["archive"]
+with open(archive, "wb") as out:
+    for n in names:
+        out.write((parts / n).read_bytes())
+digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+if digest != manifest["archive_sha256"]:
+    sys.exit(f"host.sh: {archive} sha256 {digest} != {manifest['archive_sha256']}")
+with tarfile.open(archive, "r:xz") as tar:
+    tar.extractall(dest, filter="data")
+(dest / ".complete").write_text(manifest["note"] + "\n")
+print("unpacked", manifest["note"])
+EOF
+    fi
+    if [ ! -f "$VP_HOME/site/.complete" ]; then
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$VP_HOME/site" \
+            "$parts"/wheels/*.whl
+        touch "$VP_HOME/site/.complete"
+    fi
+    # The patched tree is made anew whenever the series changed.
+    local digest
+    digest=$(cat "$ROOT/series" "$ROOT"/patches/*.patch 2>/dev/null | sha256sum | cut -c1-16)
+    if [ "$(cat "$VP_HOME/patched/.series" 2>/dev/null)" != "$digest" ]; then
+        rm -rf "$VP_HOME/patched"
+        cp -a "$VP_HOME/pristine" "$VP_HOME/patched"
+        tool apply --target "$VP_HOME/patched"
+        echo "$digest" >"$VP_HOME/patched/.series"
+    fi
+    tool status --target "$VP_HOME/patched" --expect applied
+}
+
+tool() { (cd "$ROOT" && PYTHONPATH="$ROOT/tool:$VP_HOME/site" "$PY" -m vllm_patch "$@"); }
+
+kernels() {
+    cd "$ROOT"
+    VLLM_PATCH_PRISTINE_TREE=$VP_HOME/pristine VLLM_PATCH_PATCHED_TREE=$VP_HOME/patched \
+        PYTHONPATH="$ROOT/tool:$VP_HOME/site" "$PY" -m pytest -q -p no:cacheprovider -m kernels tests "$@"
+}
+
+scenarios() {
+    local trees=()
+    for t in $VP_TREES; do
+        case $t in
+            unpatched) trees+=(--tree "unpatched=$VP_HOME/pristine") ;;
+            patched) trees+=(--tree "patched=$VP_HOME/patched") ;;
+            *) die "unknown tree $t (unpatched, patched)" ;;
+        esac
+    done
+    cd "$ROOT/tests/gpu"
+    PYTHONPATH="$ROOT/tests/gpu" "$PY" -m harness run "${trees[@]}" --path "$VP_HOME/site" \
+        --work "$VP_HOME/work" --out "$VP_REPORT" --bundle-note "$(cat "$VP_HOME/pristine/.complete")" "$@"
+}
+
+# Python's tarfile: the host may have no xz binary.
+save_cache() {
+    "$PY" -c 'import sys, tarfile; t = tarfile.open(sys.argv[1], "w:xz", preset=1); t.add(sys.argv[2], "cache"); t.close()' \
+        "$1" "$VP_HOME/work/cache"
+    ls -la "$1"
+}
+load_cache() {
+    mkdir -p "$VP_HOME/work"
+    "$PY" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' "$1" "$VP_HOME/work"
+}
+
+cmd=${1:-}
+[ -n "$cmd" ] || die "usage: host.sh stage|setup|kernels|scenarios|all|save-cache|load-cache ..."
+shift
+case $cmd in
+    stage) stage "$@" ;;
+    setup) setup ;;
+    kernels) kernels "$@" ;;
+    scenarios) scenarios "$@" ;;
+    all) setup && kernels && scenarios "$@" ;;
+    save-cache) save_cache "$@" ;;
+    load-cache) load_cache "$@" ;;
+    *) die "unknown command $cmd" ;;
+esac

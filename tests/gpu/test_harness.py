@@ -1,0 +1,100 @@
+"""The harness's pure parts: judging results, selecting scenarios, slimming and splitting
+the bundle. The GPU runs themselves happen on a GPU host (tests/gpu/host.sh)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness import report
+from harness.runner import engine_digest
+from harness.scenarios import SCENARIOS, prompts, select
+
+VARIED = [list(range(10, 42)), list(range(20, 52))]
+
+
+def result(tokens=VARIED, booted=True, error=None, spec=None) -> dict:
+    out = {"booted": booted, "workloads": {"w": {"tokens": tokens, "tokens_per_s": 100.0, "spec": spec or {}}}}
+    if error:
+        out["error"] = error
+    return out
+
+
+def test_first_mismatch():
+    assert report.first_mismatch([1, 2, 3], [1, 2, 3]) is None
+    assert report.first_mismatch([1, 2, 3], [1, 5, 3]) == 1
+    assert report.first_mismatch([1, 2], [1, 2, 3]) == 2
+
+
+def test_pass_when_tokens_equal():
+    j = report.judge("s", "t", result(), result())
+    assert j.verdict == "pass"
+    assert j.workloads[0].ref_distinct == [32, 32]
+
+
+def test_diverged_names_the_first_mismatch_per_prompt():
+    changed = [VARIED[0], VARIED[1][:5] + [0] + VARIED[1][6:]]
+    j = report.judge("s", "t", result(changed), result())
+    assert j.verdict == "diverged"
+    assert j.workloads[0].first_mismatch == [None, 5]
+    assert "[None, 5]" in j.detail
+
+
+def test_crash_at_boot_is_reported_with_its_place():
+    err = {"type": "RuntimeError", "message": "Cannot copy", "at": "vllm/x.py:570 in f"}
+    j = report.judge("s", "t", {"booted": False, "error": err}, result())
+    assert j.verdict == "crash"
+    assert "at boot" in j.detail and "vllm/x.py:570" in j.detail
+
+
+def test_a_process_that_died_without_a_result_is_a_crash():
+    j = report.judge("s", "t", {"booted": False, "failure": "exited -11 without a result"}, result())
+    assert j.verdict == "crash" and "-11" in j.detail
+
+
+def test_degenerate_reference_makes_the_scenario_invalid():
+    flat = [[7] * 32, [7, 8] * 16]
+    j = report.judge("s", "t", result(flat), result(flat))
+    assert j.verdict == "invalid"
+
+
+def test_reference_crash_makes_the_scenario_invalid():
+    j = report.judge("s", "t", result(), {"booted": False, "error": {"type": "E", "message": "m", "at": "a"}})
+    assert j.verdict == "invalid"
+
+
+def test_acceptance_from_spec_counters():
+    j = report.judge("s", "t", result(spec={"num_draft_tokens": 40.0, "num_accepted_tokens": 10.0}), result())
+    assert j.workloads[0].acceptance == pytest.approx(0.25)
+
+
+def test_markdown_and_json_carry_every_judgement():
+    js = [report.judge("s1", "unpatched", {"booted": False, "failure": "x"}, result()),
+          report.judge("s1", "patched", result(), result())]
+    md = report.to_markdown(js, {"title": "t", "command": "python -m harness run"})
+    assert "| s1 | unpatched | **crash**" in md and "| s1 | patched | **pass**" in md
+    data = json.loads(json.dumps(report.to_json(js, {})))
+    assert [r["verdict"] for r in data["results"]] == ["crash", "pass"]
+
+
+def test_select_by_prefix_and_unknown_name():
+    assert [s.name for s in select("a")] == [s.name for s in SCENARIOS if s.name.startswith("a-")]
+    assert select(None) == list(SCENARIOS)
+    with pytest.raises(ValueError, match="no scenario named"):
+        select("zz")
+
+
+def test_scenarios_are_well_formed():
+    for s in SCENARIOS:
+        vocab = s.test.model.config["vocab_size"]
+        assert s.test.model == s.reference.model
+        assert [w.name for w in s.test.workloads] == [w.name for w in s.reference.workloads]
+        assert all(0 <= t < vocab for w in s.test.workloads for p in w.prompts for t in p)
+        assert engine_digest(s.test) != engine_digest(s.reference)
+    assert len({len(p) for p in prompts(64)}) == 4
+
+
+def test_gdn_scenarios_share_one_reference():
+    refs = {engine_digest(s.reference) for s in SCENARIOS if s.name[0] in "cd"}
+    assert len(refs) == 1
