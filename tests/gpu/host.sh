@@ -78,10 +78,12 @@ EOF
 
 tool() { (cd "$ROOT" && PYTHONPATH="$ROOT/tool:$VP_HOME/site" "$PY" -m vllm_patch "$@"); }
 
+# The kernel tests load vLLM files from both trees; the GDN builder tests import the patched vLLM itself.
 kernels() {
     cd "$ROOT"
     VLLM_PATCH_PRISTINE_TREE=$VP_HOME/pristine VLLM_PATCH_PATCHED_TREE=$VP_HOME/patched \
-        PYTHONPATH="$ROOT/tool:$VP_HOME/site" "$PY" -m pytest -q -p no:cacheprovider -m kernels tests "$@"
+        PYTHONPATH="$ROOT/tool:$VP_HOME/patched:$VP_HOME/site" "$PY" -m pytest -q -p no:cacheprovider \
+        tests/kernels tests/turboquant tests/gdn "$@"
 }
 
 scenarios() {

@@ -98,3 +98,44 @@ def test_scenarios_are_well_formed():
 def test_gdn_scenarios_share_one_reference():
     refs = {engine_digest(s.reference) for s in SCENARIOS if s.name[0] in "cd"}
     assert len(refs) == 1
+
+
+def scored(tokens=VARIED, gaps=None, margin=2.0) -> dict:
+    out = result(tokens)
+    gaps = gaps or [[0.0] * len(t) for t in tokens]
+    out["workloads"]["w"]["teacher"] = [{"gap": g, "margin": [margin] * len(g)} for g in gaps]
+    return out
+
+
+def test_teacher_oracle_passes_a_near_tie_flip():
+    flipped = [VARIED[0], VARIED[1][:7] + [99] * 25]
+    gaps = [[0.0] * 32, [0.0] * 7 + [0.02] + [0.0] * 24]
+    j = report.judge("s", "t", scored(flipped, gaps), scored(), oracle="teacher")
+    assert j.verdict == "pass"
+    assert "1/2 prompts equal" in j.detail
+    assert j.workloads[0].off_greedy == [None, None]
+
+
+def test_teacher_oracle_names_the_first_token_off_the_greedy_choice():
+    gaps = [[0.0] * 32, [0.0] * 13 + [1.5] + [0.0] * 18]
+    j = report.judge("s", "t", scored(gaps=gaps), scored(), oracle="teacher")
+    assert j.verdict == "diverged"
+    assert j.workloads[0].off_greedy == [None, 13]
+    assert j.workloads[0].max_gap == pytest.approx(1.5)
+
+
+def test_teacher_oracle_is_invalid_when_the_reference_misses_its_own_greedy_choice():
+    noisy = scored(gaps=[[0.0] * 32, [0.5] + [0.0] * 31])
+    j = report.judge("s", "t", scored(), noisy, oracle="teacher")
+    assert j.verdict == "invalid" and "decode and prefill disagree" in j.detail
+
+
+def test_teacher_oracle_without_scores_is_invalid():
+    j = report.judge("s", "t", result(), result(), oracle="teacher")
+    assert j.verdict == "invalid"
+
+
+def test_gdn_scenarios_score_both_engines():
+    for s in SCENARIOS:
+        if s.oracle == "teacher":
+            assert s.test.score and s.reference.score

@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cmd == "list":
         for s in SCENARIOS:
-            print(f"{s.name:28} {s.title}\n{'':28} unpatched: {s.unpatched}; fixed by {', '.join(s.fixed_by)}")
+            fixed = f"; fixed by {', '.join(s.fixed_by)}" if s.fixed_by else ""
+            print(f"{s.name:28} {s.title}\n{'':28} unpatched: {s.unpatched}{fixed}")
         return 0
     trees = _trees(args.tree)
     try:

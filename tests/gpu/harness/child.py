@@ -66,6 +66,29 @@ def _spec_metrics(llm) -> dict[str, Any]:
     return values
 
 
+def teacher_gaps(llm, sampling_params, prompts: list[list[int]], outputs: list[list[int]]) -> list[dict[str, list]]:
+    """Score each output token against this engine's own greedy choice given the same prefix.
+
+    Prompt and output go back in as one prompt (a prefill: no speculation, and prompt logprobs
+    skip the prefix cache), asking for the top-2 logprobs at every position. Per output token:
+    `gap`, the logprob of the top token minus that of the emitted one (0 when the emitted token
+    is the greedy choice), and `margin`, top-1 minus top-2 (how decisive the choice was).
+    """
+    params = sampling_params(temperature=0.0, max_tokens=1, prompt_logprobs=2, detokenize=False)
+    scored = llm.generate([{"prompt_token_ids": p + o} for p, o in zip(prompts, outputs, strict=True)], params,
+                          use_tqdm=False)
+    result = []
+    for prompt, output, out in zip(prompts, outputs, scored, strict=True):
+        gaps, margins = [], []
+        for j, token in enumerate(output):
+            entry = out.prompt_logprobs[len(prompt) + j]
+            ranked = sorted((lp.logprob for lp in entry.values()), reverse=True)
+            gaps.append(round(ranked[0] - entry[token].logprob, 5))
+            margins.append(round(ranked[0] - ranked[1], 5) if len(ranked) > 1 else None)
+        result.append({"gap": gaps, "margin": margins})
+    return result
+
+
 def run(job: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {"booted": False, "workloads": {}}
     started = time.perf_counter()
@@ -93,6 +116,14 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     except Exception:  # informational only
         pass
     try:
+        # Warm-up: each workload on other prompts (reversed, so no prefix-cache hit; a repeating
+        # prompt still repeats, so drafts get accepted), at full length: Triton JIT of every
+        # kernel variant the workload reaches and lazy initialisation stay out of the timings.
+        for w in job["workloads"]:
+            llm.generate([{"prompt_token_ids": list(reversed(p))} for p in w["prompts"]],
+                         SamplingParams(temperature=0.0, max_tokens=w["max_tokens"], detokenize=False,
+                                        ignore_eos=True), use_tqdm=False)
+        result["warmup_s"] = round(time.perf_counter() - started - result["boot_s"], 1)
         for w in job["workloads"]:
             params = SamplingParams(temperature=0.0, max_tokens=w["max_tokens"], min_tokens=w["max_tokens"],
                                     detokenize=False, ignore_eos=True)
@@ -108,6 +139,9 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
                 "tokens_per_s": round(sum(map(len, tokens)) / seconds, 1) if seconds else None,
                 "spec": {k: after[k] - before.get(k, 0.0) for k in after},
             }
+            if job.get("score"):
+                result["workloads"][w["name"]]["teacher"] = teacher_gaps(
+                    llm, SamplingParams, [list(p) for p in w["prompts"]], tokens)
     except BaseException as exc:  # noqa: BLE001 - a crash while generating is a result
         result["error"] = where(exc)
         result["traceback"] = traceback.format_exc()[-4000:]

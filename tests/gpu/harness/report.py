@@ -6,6 +6,13 @@ A scenario's verdict on one vLLM tree:
   wrong result (fewer than MIN_DISTINCT distinct tokens for some prompt);
 - `diverged`: booted, but some prompt's tokens differ from the reference's;
 - `pass`: every prompt's tokens equal the reference's.
+
+Scenarios with the `teacher` oracle (speculative vs plain decoding) judge instead whether every
+token the test emitted is the greedy choice of a prefill over the same prefix, within
+TEACHER_TOL nats: exact comparison stops meaning anything after the first near-tie that
+rounding flips, while a wrong state shows as a token far from the greedy choice. The
+reference engine's own tokens are scored the same way; if they miss by more than TEACHER_TOL,
+decode and prefill disagree beyond rounding and the scenario is `invalid`.
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MIN_DISTINCT = 8
+# bf16 logits of magnitude ~10 are rounded to ~0.06; decode and prefill sum in different orders.
+TEACHER_TOL = 0.1
 
 
 @dataclass
@@ -25,6 +34,13 @@ class WorkloadJudgement:
     tokens_per_s: float | None
     ref_tokens_per_s: float | None
     spec: dict[str, float] = field(default_factory=dict)
+    # Teacher-forced scores (oracle "teacher"): per prompt, the first output position whose token
+    # is more than TEACHER_TOL below the greedy choice; the largest such gap of the test and of
+    # the reference's own tokens; the median top-1/top-2 margin of the reference.
+    off_greedy: list[int | None] | None = None
+    max_gap: float | None = None
+    ref_max_gap: float | None = None
+    ref_median_margin: float | None = None
 
     @property
     def acceptance(self) -> float | None:
@@ -58,7 +74,27 @@ def _crash_text(result: dict[str, Any]) -> str:
     return f"{err.get('type')}: {err.get('message')} at {err.get('at')}"
 
 
-def judge(scenario: str, tree: str, test: dict[str, Any], reference: dict[str, Any]) -> Judgement:
+def first_off_greedy(gaps: list[float], tol: float = TEACHER_TOL) -> int | None:
+    """The first position whose token is more than tol nats below the greedy choice, or None."""
+    return next((i for i, g in enumerate(gaps) if g > tol), None)
+
+
+def _teacher(got: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
+    """The teacher-forced fields of a WorkloadJudgement (empty when a side was not scored)."""
+    if "teacher" not in got or "teacher" not in ref:
+        return {}
+    gaps = [s["gap"] for s in got["teacher"]]
+    margins = sorted(m for s in ref["teacher"] for m in s["margin"] if m is not None)
+    return {
+        "off_greedy": [first_off_greedy(g) for g in gaps],
+        "max_gap": max((x for g in gaps for x in g), default=0.0),
+        "ref_max_gap": max((x for s in ref["teacher"] for x in s["gap"]), default=0.0),
+        "ref_median_margin": margins[len(margins) // 2] if margins else None,
+    }
+
+
+def judge(scenario: str, tree: str, test: dict[str, Any], reference: dict[str, Any],
+          oracle: str = "tokens") -> Judgement:
     def verdict(v: str, detail: str, workloads: list[WorkloadJudgement] | None = None) -> Judgement:
         return Judgement(scenario, tree, v, detail, workloads or [], _summary(test), _summary(reference))
 
@@ -81,16 +117,41 @@ def judge(scenario: str, tree: str, test: dict[str, Any], reference: dict[str, A
             tokens_per_s=got.get("tokens_per_s"),
             ref_tokens_per_s=ref.get("tokens_per_s"),
             spec=got.get("spec") or {},
+            **_teacher(got, ref),
         ))
     degenerate = [w.name for w in judged if min(w.ref_distinct, default=0) < MIN_DISTINCT]
     if degenerate:
         return verdict("invalid", f"reference output too uniform in {', '.join(degenerate)} "
                                   f"(< {MIN_DISTINCT} distinct tokens in a prompt)", judged)
+    if oracle == "teacher":
+        return _judge_teacher(verdict, judged)
     bad = [w for w in judged if not w.match]
     if bad:
         parts = [f"{w.name}: first mismatch per prompt {w.first_mismatch}" for w in bad]
         return verdict("diverged", "; ".join(parts), judged)
     return verdict("pass", "tokens equal the reference's", judged)
+
+
+def _judge_teacher(verdict, judged: list[WorkloadJudgement]) -> Judgement:
+    unscored = [w.name for w in judged if w.off_greedy is None]
+    if unscored:
+        return verdict("invalid", f"no teacher-forced scores for {', '.join(unscored)}", judged)
+    noisy = [w for w in judged if w.ref_max_gap > TEACHER_TOL]
+    if noisy:
+        parts = [f"{w.name}: the reference's own tokens miss the prefill's greedy choice by {w.ref_max_gap:.3f}"
+                 for w in noisy]
+        return verdict("invalid", f"{'; '.join(parts)} > {TEACHER_TOL} (decode and prefill disagree)", judged)
+    bad = [w for w in judged if any(p is not None for p in w.off_greedy)]
+    if bad:
+        parts = [f"{w.name}: first token off the greedy choice per prompt {w.off_greedy} "
+                 f"(largest gap {w.max_gap:.2f} nats; first exact mismatch {w.first_mismatch})" for w in bad]
+        return verdict("diverged", "; ".join(parts), judged)
+    exact = sum(m is None for w in judged for m in w.first_mismatch)
+    total = sum(len(w.first_mismatch) for w in judged)
+    worst = max(w.max_gap for w in judged)
+    return verdict("pass", f"every token is the greedy choice of the same prefix (largest gap {worst:.3f} "
+                           f"<= {TEACHER_TOL}); {exact}/{total} prompts equal the reference's tokens exactly",
+                   judged)
 
 
 def _summary(result: dict[str, Any]) -> dict[str, Any]:
@@ -108,7 +169,9 @@ def to_json(judgements: list[Judgement], meta: dict[str, Any]) -> dict[str, Any]
                 "workloads": [
                     {"name": w.name, "match": w.match, "first_mismatch": w.first_mismatch,
                      "ref_distinct": w.ref_distinct, "tokens_per_s": w.tokens_per_s,
-                     "ref_tokens_per_s": w.ref_tokens_per_s, "spec": w.spec, "acceptance": w.acceptance}
+                     "ref_tokens_per_s": w.ref_tokens_per_s, "spec": w.spec, "acceptance": w.acceptance,
+                     "off_greedy": w.off_greedy, "max_gap": w.max_gap, "ref_max_gap": w.ref_max_gap,
+                     "ref_median_margin": w.ref_median_margin}
                     for w in j.workloads
                 ],
             }
@@ -126,18 +189,21 @@ def to_markdown(judgements: list[Judgement], meta: dict[str, Any]) -> str:
     for key in ("command", "device", "vllm", "bundle", "torch", "triton", "started", "wall_s"):
         if key in meta:
             lines.append(f"- {key}: `{meta[key]}`" if key == "command" else f"- {key}: {meta[key]}")
-    lines += ["", "| scenario | tree | verdict | detail | workload | tok/s (ref) | acceptance | ref distinct |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| scenario | tree | verdict | detail | workload | tok/s (ref) | acceptance | ref distinct "
+                  "| max gap (ref) | ref margin |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for j in judgements:
         detail = j.detail.replace("|", "\\|")
         if not j.workloads:
-            lines.append(f"| {j.scenario} | {j.tree} | **{j.verdict}** | {detail} | | | | |")
+            lines.append(f"| {j.scenario} | {j.tree} | **{j.verdict}** | {detail} | | | | | | |")
             continue
         for i, w in enumerate(j.workloads):
             head = f"| {j.scenario} | {j.tree} | **{j.verdict}** | {detail} " if i == 0 else "| | | | "
             lines.append(
                 head + f"| {w.name} | {_fmt(w.tokens_per_s)} ({_fmt(w.ref_tokens_per_s)}) "
-                f"| {_fmt(w.acceptance, '{:.2f}')} | {min(w.ref_distinct, default=0)} |"
+                f"| {_fmt(w.acceptance, '{:.2f}')} | {min(w.ref_distinct, default=0)} "
+                f"| {_fmt(w.max_gap, '{:.3f}')} ({_fmt(w.ref_max_gap, '{:.3f}')}) "
+                f"| {_fmt(w.ref_median_margin, '{:.2f}')} |"
             )
     lines.append("")
     return "\n".join(lines)

@@ -31,6 +31,7 @@ def _job(engine: Engine, model_dir: Path) -> dict[str, Any]:
         "model_dir": str(model_dir),
         "kwargs": engine.kwargs,
         "workloads": [asdict(w) for w in engine.workloads],
+        "score": engine.score,
     }
 
 
@@ -115,7 +116,7 @@ def judge_all(scenarios: list[Scenario], results: dict[str, dict[str, dict[str, 
             ref = by_digest.get(engine_digest(scenario.reference))
             if test is None or ref is None:
                 continue
-            out.append(report.judge(scenario.name, label, test, ref))
+            out.append(report.judge(scenario.name, label, test, ref, oracle=scenario.oracle))
     return out
 
 
