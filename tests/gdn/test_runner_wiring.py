@@ -1,0 +1,129 @@
+"""What the patched model runner hands the Mamba2/GDN metadata builders (patches 0004/0005), on CPU.
+
+``gpu_model_runner.py`` cannot be imported here, so the two pieces of ``_build_attention_metadata`` that
+decide it are cut out of the patched source with ``ast`` and run with stand-ins:
+
+- the ``recover_accepted_state`` expression (steps without drafts that follow accepted drafts);
+- the ``extra_attn_metadata_args`` assignment and the ``if``/``elif`` after it in
+  ``_build_attn_group_metadata`` (which builder gets which arguments).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+RUNNER = "vllm/v1/worker/gpu_model_runner.py"
+METHODS = ["ngram", "mtp", "eagle", "eagle3", "draft_model", "suffix"]
+
+
+class Mamba2AttentionMetadataBuilder:
+    pass
+
+
+class GDNAttentionMetadataBuilder:
+    pass
+
+
+class OtherBuilder:
+    pass
+
+
+def _function(tree: ast.AST, name: str) -> ast.FunctionDef:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return node
+    raise LookupError(f"no function {name}")
+
+
+@pytest.fixture(scope="module")
+def runner_source(patched_tree: Path) -> ast.Module:
+    path = patched_tree / RUNNER
+    return ast.parse(path.read_text(), str(path))
+
+
+@pytest.fixture(scope="module")
+def recover_expr(runner_source):
+    outer = _function(runner_source, "_build_attention_metadata")
+    for node in outer.body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [
+                "recover_accepted_state"]:
+            return compile(ast.Expression(node.value), RUNNER, "eval")
+    raise LookupError("no recover_accepted_state in _build_attention_metadata")
+
+
+@pytest.fixture(scope="module")
+def wiring(runner_source):
+    """The statements from ``extra_attn_metadata_args = {}`` to the end of the ``if``/``elif`` after it."""
+    inner = _function(runner_source, "_build_attn_group_metadata")
+    body = inner.body
+    start = next(i for i, node in enumerate(body) if isinstance(node, ast.Assign)
+                 and [getattr(t, "id", None) for t in node.targets] == ["extra_attn_metadata_args"])
+    assert isinstance(body[start + 1], ast.If)
+    return compile(ast.Module(body=body[start:start + 2], type_ignores=[]), RUNNER, "exec")
+
+
+class _Buffer:
+    """A CpuGpuBuffer stand-in: ``.np``, ``.cpu`` and ``.gpu`` views of the same values."""
+
+    def __init__(self, values):
+        self.np = np.array(values, dtype=np.int32)
+        self.cpu = self.gpu = self.np
+
+
+def _runner(accepted, method="ngram", spec=True):
+    return SimpleNamespace(
+        speculative_config=SimpleNamespace(method=method, num_speculative_tokens=3) if spec else None,
+        num_accepted_tokens=_Buffer(accepted),
+        num_decode_draft_tokens=_Buffer([-1] * len(accepted)),
+    )
+
+
+def _recover(expr, runner, num_reqs, use_spec_decode=False, for_cudagraph_capture=False) -> bool:
+    return eval(expr, {}, dict(self=runner, num_reqs=num_reqs, use_spec_decode=use_spec_decode,
+                               for_cudagraph_capture=for_cudagraph_capture))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_recovery_after_accepted_drafts_for_every_drafter(recover_expr, method):
+    runner = _runner([1, 3, 1, 1], method=method)
+    assert _recover(recover_expr, runner, num_reqs=4) is True
+
+
+def test_no_recovery_when_not_needed(recover_expr):
+    assert _recover(recover_expr, _runner([1, 1, 1]), num_reqs=3) is False  # nothing accepted beyond 1
+    assert _recover(recover_expr, _runner([1, 1, 4]), num_reqs=2) is False  # only past num_reqs
+    assert _recover(recover_expr, _runner([2, 2]), num_reqs=2, use_spec_decode=True) is False  # spec wiring
+    assert _recover(recover_expr, _runner([2, 2]), num_reqs=2, for_cudagraph_capture=True) is False
+    assert _recover(recover_expr, _runner([2, 2], spec=False), num_reqs=2) is False
+
+
+def _extra(wiring, builder, use_spec_decode, recover, ubid=None, accepted=(1, 3, 1)):
+    scope = dict(builder=builder, use_spec_decode=use_spec_decode, recover_accepted_state=recover, ubid=ubid,
+                 self=_runner(list(accepted)), num_reqs_padded=len(accepted),
+                 Mamba2AttentionMetadataBuilder=Mamba2AttentionMetadataBuilder,
+                 GDNAttentionMetadataBuilder=GDNAttentionMetadataBuilder)
+    exec(wiring, {}, scope)
+    return scope["extra_attn_metadata_args"]
+
+
+def test_spec_step_arguments(wiring):
+    gdn = _extra(wiring, GDNAttentionMetadataBuilder(), use_spec_decode=True, recover=False)
+    assert sorted(gdn) == ["num_accepted_tokens", "num_accepted_tokens_cpu", "num_decode_draft_tokens_cpu"]
+    mamba2 = _extra(wiring, Mamba2AttentionMetadataBuilder(), use_spec_decode=True, recover=False)
+    assert sorted(mamba2) == ["num_accepted_tokens", "num_decode_draft_tokens_cpu"]
+    assert _extra(wiring, OtherBuilder(), use_spec_decode=True, recover=False) == {}
+
+
+def test_non_spec_step_arguments(wiring):
+    for builder in (GDNAttentionMetadataBuilder(), Mamba2AttentionMetadataBuilder()):
+        extra = _extra(wiring, builder, use_spec_decode=False, recover=True)
+        assert list(extra) == ["num_accepted_tokens"]
+        assert list(extra["num_accepted_tokens"]) == [1, 3, 1]
+        assert _extra(wiring, builder, use_spec_decode=False, recover=False) == {}
+        assert _extra(wiring, builder, use_spec_decode=False, recover=True, ubid=0) == {}
+    assert _extra(wiring, OtherBuilder(), use_spec_decode=False, recover=True) == {}
