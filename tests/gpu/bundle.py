@@ -2,9 +2,10 @@
 
 The bundle holds the pinned vLLM wheel's `vllm/` package and dist-info, slimmed (the
 FlashAttention 3 library and DeepGEMM are left out: TurboQuant needs FlashAttention 2
-and every scenario asks for it), as an xz tar split into parts that each fit one
-device call (64 MiB with the working tree); the wheels vLLM and vllm-patch need that a CUDA PyTorch image lacks
-(cp312, manylinux); and a manifest. `tests/gpu/host.sh` assembles and runs it there.
+and every scenario asks for it), as an xz tar split into parts of at most 64 MiB
+together with this repository, for hosts reached through a size-limited copy; the
+wheels vLLM and vllm-patch need that a CUDA PyTorch image lacks (cp312, manylinux);
+and a manifest. `tests/gpu/host.sh` assembles and runs it there.
 
     python tests/gpu/bundle.py --out .gpu        # parts in .gpu/p1, .gpu/p2, ...
 """
@@ -47,7 +48,8 @@ TOOL_DEPS = ("unidiff==1.0.1", "GitPython==3.2.1", "gitdb==4.0.12", "smmap==5.0.
 PLATFORMS = ("manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_28_x86_64", "manylinux_2_27_x86_64",
              "manylinux_2_24_x86_64", "manylinux_2_31_x86_64", "manylinux_2_34_x86_64", "manylinux_2_35_x86_64",
              "manylinux1_x86_64", "manylinux_2_5_x86_64")
-PART_BYTES = 48 * 2**20
+# 60 MiB: a part, this repository (under 1 MiB) and the wheels (in the last part) fit in 64 MiB.
+PART_BYTES = 60 * 2**20
 
 
 def kept(name: str) -> bool:
@@ -78,7 +80,7 @@ def slim_tar(wheel: Path, dest: Path) -> dict:
 
 
 def split(path: Path, out: Path, part_bytes: int = PART_BYTES) -> list[Path]:
-    """path cut into out/p1/NAME.000, out/p2/NAME.001, ... (one part per device call)."""
+    """path cut into out/p1/NAME.000, out/p2/NAME.001, ... (one part per copy to the host)."""
     parts = []
     with open(path, "rb") as src:
         index = 0

@@ -7,6 +7,7 @@
 #   tests/gpu/host.sh setup             unpack vLLM, install the wheels, make the patched tree
 #   tests/gpu/host.sh kernels [ARGS]    kernel tests on both trees (pytest ARGS)
 #   tests/gpu/host.sh scenarios [ARGS]  scenarios on both trees (harness run ARGS, e.g. --scenarios a)
+#   tests/gpu/host.sh bench             the GPU benchmarks (benchmarks/bench_*.py), printed and saved with the report
 #   tests/gpu/host.sh all               setup, kernels, scenarios
 #   tests/gpu/host.sh save-cache FILE | load-cache FILE   Triton and vLLM compile caches, as tar.xz
 #
@@ -100,6 +101,17 @@ scenarios() {
         --work "$VP_HOME/work" --out "$VP_REPORT" --bundle-note "$(cat "$VP_HOME/pristine/.complete")" "$@"
 }
 
+# Each benchmark's output goes to the terminal and to $VP_REPORT/bench-NAME.txt.
+bench() {
+    cd "$ROOT"
+    mkdir -p "$VP_REPORT"
+    local kernel_env=(env VLLM_PATCH_PRISTINE_TREE="$VP_HOME/pristine" VLLM_PATCH_PATCHED_TREE="$VP_HOME/patched")
+    "${kernel_env[@]}" "$PY" benchmarks/bench_tq_verify.py | tee "$VP_REPORT/bench-tq-verify.txt"
+    "${kernel_env[@]}" "$PY" benchmarks/bench_gdn_recovery.py | tee "$VP_REPORT/bench-gdn-recovery.txt"
+    "$PY" benchmarks/bench_spec_e2e.py --tree "unpatched=$VP_HOME/pristine" --tree "patched=$VP_HOME/patched" \
+        --path "$VP_HOME/site" --work "$VP_HOME/work" | tee "$VP_REPORT/bench-spec-e2e.txt"
+}
+
 # Python's tarfile: the host may have no xz binary.
 save_cache() {
     "$PY" -c 'import sys, tarfile; t = tarfile.open(sys.argv[1], "w:xz", preset=1); t.add(sys.argv[2], "cache"); t.close()' \
@@ -112,13 +124,14 @@ load_cache() {
 }
 
 cmd=${1:-}
-[ -n "$cmd" ] || die "usage: host.sh stage|setup|kernels|scenarios|all|save-cache|load-cache ..."
+[ -n "$cmd" ] || die "usage: host.sh stage|setup|kernels|scenarios|bench|all|save-cache|load-cache ..."
 shift
 case $cmd in
     stage) stage "$@" ;;
     setup) setup ;;
     kernels) kernels "$@" ;;
     scenarios) scenarios "$@" ;;
+    bench) bench ;;
     all) setup && kernels && scenarios "$@" ;;
     save-cache) save_cache "$@" ;;
     load-cache) load_cache "$@" ;;
