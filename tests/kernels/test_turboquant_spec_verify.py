@@ -59,25 +59,21 @@ def pristine_ops(pristine_tree):
 def _route(ops, **overrides) -> int:
     """The predicate for a uniform batch of 3 requests x K1=4 under spec decode with 3 drafts, unless overridden."""
     args = dict(is_prefill=True, num_decodes=0, max_query_len=4, num_tokens=12, num_reqs=3, graph_query_len=4,
-                all_rows_cached=True, max_spec_query_len=ROUTE_LIMIT)
+                max_spec_query_len=ROUTE_LIMIT)
     args.update(overrides)
     return ops.tq_spec_verify_query_len(**args)
 
 
 def test_predicate_routes_uniform_verify_batches(patched_ops):
-    assert _route(patched_ops) == 4
-    # The verify shape is routed whatever the lengths say: the FULL-graph capture batch and the eager warm-up
+    # The verify shape is routed whatever the lengths are: the FULL-graph capture batch and the eager warm-up
     # before it (seq_lens == K1 there) must take the path the graph will replay.
-    assert _route(patched_ops, all_rows_cached=False) == 4
+    assert _route(patched_ops) == 4
     # A padded FULL-graph batch: 3 real requests padded to 16 tokens = 4 requests (the last one empty).
-    assert _route(patched_ops, num_tokens=16, num_reqs=4, all_rows_cached=False) == 4
+    assert _route(patched_ops, num_tokens=16, num_reqs=4) == 4
     # K1 = 2 (one draft) and the largest routed length.
     assert _route(patched_ops, max_query_len=2, num_tokens=6, graph_query_len=2) == 2
-    assert _route(patched_ops, max_query_len=ROUTE_LIMIT, num_tokens=3 * ROUTE_LIMIT) == ROUTE_LIMIT
-    # Other uniform lengths (fewer drafts for every request, equal continuation chunks, no spec decode at all):
-    # routed when every request has cached context, which is what the per-request path computes.
-    assert _route(patched_ops, max_query_len=3, num_tokens=9) == 3
-    assert _route(patched_ops, graph_query_len=None) == 4
+    assert _route(patched_ops, max_query_len=ROUTE_LIMIT, num_tokens=3 * ROUTE_LIMIT,
+                  graph_query_len=ROUTE_LIMIT) == ROUTE_LIMIT
 
 
 @pytest.mark.parametrize("overrides", [
@@ -86,9 +82,10 @@ def test_predicate_routes_uniform_verify_batches(patched_ops):
     pytest.param(dict(max_query_len=1, num_tokens=3, graph_query_len=None), id="K1=1"),
     pytest.param(dict(max_query_len=ROUTE_LIMIT + 1, num_tokens=3 * (ROUTE_LIMIT + 1),
                       graph_query_len=ROUTE_LIMIT + 1), id="K1-over-limit"),
-    # A uniform batch of another length with a fresh prompt: the per-request path keeps flash on raw K/V.
-    pytest.param(dict(max_query_len=3, num_tokens=9, all_rows_cached=False), id="not-verify-length-fresh-row"),
-    pytest.param(dict(graph_query_len=None, all_rows_cached=False), id="no-spec-fresh-row"),
+    # Uniform batches of another length (equal continuation chunks, fewer drafts for every request) and
+    # uniform batches without spec decode keep the per-request path and its per-request temporaries.
+    pytest.param(dict(max_query_len=3, num_tokens=9), id="not-verify-length"),
+    pytest.param(dict(graph_query_len=None), id="no-spec-decode"),
     pytest.param(dict(num_tokens=10), id="query-lengths-differ"),
     pytest.param(dict(num_tokens=12, num_reqs=4), id="more-requests-than-K1-groups"),
     pytest.param(dict(num_tokens=12, num_reqs=2), id="fewer-requests-than-K1-groups"),

@@ -15,6 +15,7 @@ kernel file imports is the tree's own file.
 
 from __future__ import annotations
 
+import ast
 import builtins
 import hashlib
 import importlib
@@ -29,7 +30,7 @@ from types import ModuleType
 
 import torch
 
-__all__ = ["SHIMS", "GridOnLaunchArgs", "interpreted", "load_module", "package_name"]
+__all__ = ["SHIMS", "GridOnLaunchArgs", "interpreted", "load_function", "load_module", "package_name"]
 
 _PREFIX = "_vllm_tree_"
 _trees: dict[str, Path] = {}  # top-level package name -> tree root
@@ -210,6 +211,29 @@ def load_module(tree: Path, relpath: str) -> ModuleType:
     top = package_name(tree)
     dotted = ".".join(rel.with_suffix("").parts)
     return importlib.import_module(f"{top}.{dotted}")
+
+
+def load_function(tree: Path, relpath: str, qualname: str, **names: object) -> Callable:
+    """One function (``name`` or ``Class.method``) of a tree's file, compiled and run on its own.
+
+    For code in files that cannot be loaded without the whole of vLLM (a layer's ``__init__`` helpers,
+    say): only the function's own statements run, its ``import vllm...`` statements resolve in the tree
+    (as in ``load_module``), and the module-level names it uses must be given as ``names``.
+    """
+    path = Path(tree).resolve() / relpath
+    found: ast.AST = ast.parse(path.read_bytes(), str(path))
+    for part in qualname.split("."):
+        body = getattr(found, "body", [])
+        matches = [n for n in body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == part]
+        if not matches:
+            raise LookupError(f"no {qualname} in {path}")
+        found = matches[0]
+    if not isinstance(found, ast.FunctionDef):
+        raise LookupError(f"{qualname} in {path} is not a function")
+    _install_finder()
+    scope: dict = {"__builtins__": {**builtins.__dict__, "__import__": _tree_import(package_name(tree))}, **names}
+    exec(compile(ast.Module(body=[found], type_ignores=[]), str(path), "exec"), scope)
+    return scope[found.name]
 
 
 class GridOnLaunchArgs:

@@ -45,6 +45,7 @@ ULP = dict(atol=1e-3, rtol=2**-10)
 def _settings():
     SETTINGS.__init__()
     SETTINGS.kv_splits = SPLITS
+    SETTINGS.num_speculative_tokens = 2  # spec decode with K=2: VERIFY batches (K+1 = 3) are the verify shape
     yield
     SETTINGS.__init__()
 
@@ -131,6 +132,16 @@ PREFILL = dict(q_lens=[5, 2], seq_lens=[5, 19])  # a fresh prompt and a continua
 BATCHES = {"verify": VERIFY, "mixed": MIXED, "prefill": PREFILL}
 
 
+def layer_with_buffers(batch, num_rows: int, device) -> SimpleNamespace:
+    """An attention layer's TurboQuant state: centroids and decode buffers of num_rows rows."""
+    hq = batch.num_heads
+    return SimpleNamespace(
+        _tq_centroids=batch.cache.centroids,
+        _tq_mid_o_buf=torch.empty(num_rows, hq, SPLITS, HEAD_DIM + 1, device=device),
+        _tq_output_buf=torch.empty(num_rows, hq, HEAD_DIM, device=device),
+        _tq_lse_buf=torch.empty(num_rows, hq, device=device))
+
+
 # ---------------------------------------------------------------------------
 # Patch 0002: uniform K+1 batches routed through one decode launch, into output
 # ---------------------------------------------------------------------------
@@ -143,13 +154,13 @@ def test_verify_batch_routed_into_output(patched_tree, pristine_tree, device, pr
 
     patched = load_backend(patched_tree, flash=False)
     calls = instrument(patched, SPLITS)
-    layer = SimpleNamespace(_tq_centroids=batch.cache.centroids)
+    layer = layer_with_buffers(batch, batch.num_tokens, device)
     got = run_forward(patched, batch, device, preset, layer=layer)
     assert len(calls) == 1, "one decode launch for the whole verify batch"
     assert calls[0]["query"].shape[0] == batch.num_tokens
-    assert calls[0]["buf_holder"] is layer and calls[0]["max_num_kv_splits"] == SPLITS
-    # The layer now holds decode buffers with a row per query (B*(K+1)).
-    assert layer._tq_mid_o_buf.shape[0] >= batch.num_tokens
+    assert calls[0]["max_num_kv_splits"] == SPLITS
+    # The layer's decode buffers (a row per query, B*(K+1)), never replaced from this path.
+    assert calls[0]["mid_o_buf"] is layer._tq_mid_o_buf and calls[0]["buf_holder"] is None
 
     pristine = load_backend(pristine_tree, flash=False)
     pristine_calls = instrument(pristine, SPLITS)
@@ -185,7 +196,7 @@ def test_verify_batch_layers_share_inputs_and_buffers(patched_tree, device):
     instrument(module, SPLITS)
     builder = module.TurboQuantMetadataBuilder(None, [], SETTINGS.vllm_config(), device)
     metadata = builder.build(0, batch.common(device))
-    layer = SimpleNamespace(_tq_centroids=batch.cache.centroids)
+    layer = layer_with_buffers(batch, batch.num_tokens, device)
     first = run_forward(module, batch, device, "4bit_nc", metadata=metadata, layer=layer)
     inputs = metadata.spec_verify_inputs
     buffers = (layer._tq_mid_o_buf, layer._tq_output_buf, layer._tq_lse_buf)
@@ -199,42 +210,24 @@ def test_verify_batch_layers_share_inputs_and_buffers(patched_tree, device):
     assert seq_lens.tolist() == [2, 3, 4, 11, 12, 13, 20, 21, 22]
 
 
-def test_decode_buffers_kept_once_full_graphs_exist(patched_tree, device, monkeypatch):
-    """A buffer a FULL graph may hold is never replaced after capture: a larger eager batch gets temporaries."""
+def test_routed_call_never_replaces_decode_buffers(patched_tree, device, monkeypatch):
+    """Buffers too small for a batch are left alone, eagerly and under capture: the call takes temporaries.
+
+    A buffer allocated during capture would come from the graph memory pool (where piecewise graphs'
+    outputs count as free), and one replaced after capture would free memory FULL graphs still write."""
     batch = make_batch("4bit_nc", **VERIFY, device=device, seed=2)
-    small = 2  # rows: smaller than the batch's 9
-    hq = batch.num_heads
-
-    def layer_with_small_buffers():
-        return SimpleNamespace(
-            _tq_centroids=batch.cache.centroids,
-            _tq_mid_o_buf=torch.empty(small, hq, SPLITS, HEAD_DIM + 1, device=device),
-            _tq_output_buf=torch.empty(small, hq, HEAD_DIM, device=device),
-            _tq_lse_buf=torch.empty(small, hq, device=device))
-
     module = load_backend(patched_tree, flash=False)
     instrument(module, SPLITS)
-
-    SETTINGS.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE
-    layer = layer_with_small_buffers()
-    kept = layer._tq_mid_o_buf
+    layer = layer_with_buffers(batch, 2, device)  # rows: smaller than the batch's 9
+    kept = (layer._tq_mid_o_buf, layer._tq_output_buf, layer._tq_lse_buf)
     expected = run_forward(module, batch, device, "4bit_nc", layer=layer)
-    assert layer._tq_mid_o_buf is kept, "replaced a buffer that captured graphs may still write"
-
-    # While capturing (largest batch first) the buffers grow.
+    assert (layer._tq_mid_o_buf, layer._tq_output_buf, layer._tq_lse_buf) == kept
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    layer = layer_with_small_buffers()
     got = run_forward(module, batch, device, "4bit_nc", layer=layer)
-    assert layer._tq_mid_o_buf.shape[0] >= batch.num_tokens
     monkeypatch.undo()
+    assert (layer._tq_mid_o_buf, layer._tq_output_buf, layer._tq_lse_buf) == kept
     assert torch.equal(got, expected)
-
-    # Without FULL graphs they grow as in v0.20.
-    SETTINGS.cudagraph_mode = CUDAGraphMode.PIECEWISE
-    layer = layer_with_small_buffers()
-    run_forward(module, batch, device, "4bit_nc", layer=layer)
-    assert layer._tq_mid_o_buf.shape[0] >= batch.num_tokens
 
 
 # ---------------------------------------------------------------------------
@@ -357,10 +350,6 @@ def test_builder_keeps_cpu_mirrors(which, request, device):
     assert md.query_start_loc_cpu is cam.query_start_loc_cpu
     assert md.seq_lens_cpu is cam.seq_lens_cpu_upper_bound
     assert (md.num_decodes, md.num_decode_tokens) == (2, 2)
-    if which == "patched":  # computed for batches without q_len=1 decodes only
-        assert md.all_rows_cached is False
-        assert builder.build(0, make_batch("4bit_nc", **VERIFY, device=device).common(device)).all_rows_cached
-        assert not builder.build(0, make_batch("4bit_nc", **PREFILL, device=device).common(device)).all_rows_cached
     cam = batch.common(device, mirror=False)
     cam._seq_lens_cpu = torch.tensor(batch.seq_lens, dtype=torch.int32)
     assert builder.build(0, cam).seq_lens_cpu is cam._seq_lens_cpu
@@ -402,7 +391,7 @@ def test_forward_in_cuda_graph(patched_tree, pristine_tree, preset):
                make_batch(preset, [k1] * 2, [250, 17], device, group=group, nkv=nkv, bs=bs, seed=22)]
     pool = max(b.cache.kv_cache.shape[0] for b in batches)
     kv = torch.zeros(pool, *batches[0].cache.kv_cache.shape[1:], dtype=torch.uint8, device=device)
-    layer = SimpleNamespace(_tq_centroids=batches[0].cache.centroids)
+    layer = layer_with_buffers(batches[0], n, device)  # as Attention allocates them at init
 
     # vLLM's persistent buffers, sized for the captured batch (max_reqs requests of K+1 tokens).
     qsl_buf = torch.arange(0, n + 1, k1, dtype=torch.int32, device=device)
@@ -424,10 +413,9 @@ def test_forward_in_cuda_graph(patched_tree, pristine_tree, preset):
     def step(md):
         impl.forward(layer, q_buf, k_buf, v_buf, kv, md, output=out_buf)
 
-    # vLLM's warm-up before a capture: eager, seq_lens == K+1 (no cached context in the CPU mirrors), so only
-    # the verify-shape rule routes it; that compiles the kernels and allocates the decode buffers.
+    # vLLM's warm-up before a capture: eager, seq_lens == K+1 (no cached context in the CPU mirrors), routed
+    # by the verify-shape rule; that compiles the kernels before the capture.
     warmup = builder.build(0, dataclasses.replace(cam, seq_lens=seq_buf.clone().fill_(k1), max_seq_len=k1))
-    assert not warmup.all_rows_cached
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
