@@ -10,7 +10,9 @@ at a time in its own process (tests/gpu/harness), after a warm-up pass:
 
 (Unpatched FULL_AND_PIECEWISE crashes at capture: scenario a of tests/gpu shows it.)
 
-Prints output tokens/s, the ratio to the unpatched PIECEWISE workaround, and the drafts' acceptance.
+Prints output tokens/s, the ratio to the unpatched PIECEWISE workaround, the drafts' acceptance, and
+how many prompts got exactly the workaround's greedy tokens (a throughput figure means nothing if the
+output is wrong: the graphs run the same kernels, so all 8 should match).
 Needs a CUDA GPU and the trees of tests/gpu/host.sh; `tests/gpu/host.sh bench` runs it.
 
     python benchmarks/bench_spec_e2e.py --tree unpatched=DIR --tree patched=DIR --path SITE --work DIR
@@ -89,10 +91,12 @@ def main() -> int:
         rows.append((label, result))
         state = "ok" if result.get("booted") and "error" not in result else "failed"
         print(f"[bench] {label}: {state} in {result['wall_s']} s", flush=True)
-    baseline = next((r["workloads"]["decode"]["tokens_per_s"] for label, r in rows
-                     if label.startswith("unpatched PIECEWISE") and "decode" in r.get("workloads", {})), None)
+    base = next((r["workloads"]["decode"] for label, r in rows
+                 if label.startswith("unpatched PIECEWISE") and "decode" in r.get("workloads", {})), None)
+    baseline = base["tokens_per_s"] if base else None
     print("\n1.0 B random Llama, TurboQuant k8v4, ngram K=3, 8 prompts x 512 tokens, 256 tokens each")
-    print(f"{'configuration':34} {'tok/s':>8} {'vs PIECEWISE workaround':>24} {'acceptance':>11} {'boot s':>7}")
+    print(f"{'configuration':34} {'tok/s':>8} {'vs PIECEWISE workaround':>24} {'acceptance':>11} {'boot s':>7} "
+          f"{'same tokens':>12}")
     for label, result in rows:
         decode = result.get("workloads", {}).get("decode")
         if decode is None:
@@ -105,7 +109,9 @@ def main() -> int:
         drafted = spec.get("num_draft_tokens") or 0
         acc = f"{spec.get('num_accepted_tokens', 0) / drafted:.2f}" if drafted else "-"
         ratio = f"{tps / baseline:.2f}x" if baseline else "-"
-        print(f"{label:34} {tps:>8.1f} {ratio:>24} {acc:>11} {result.get('boot_s', '-'):>7}")
+        same = f"{sum(a == b for a, b in zip(decode['tokens'], base['tokens'], strict=True))}/{len(base['tokens'])}" \
+            if base else "-"
+        print(f"{label:34} {tps:>8.1f} {ratio:>24} {acc:>11} {result.get('boot_s', '-'):>7} {same:>12}")
     return 0
 
 
