@@ -8,6 +8,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from helpers import VERSION_PY, build_series, edit  # noqa: E402
+from vllm_trees import patched_copy, pristine, tree_from_env  # noqa: E402
 
 BASE = {
     "vllm/_version.py": VERSION_PY,
@@ -42,3 +43,15 @@ def two_patch_series(tmp_path: Path, base_files) -> Path:
         ("first fix", {"vllm/a.py": a1, "vllm/b.py": b1, "vllm/new_kernel.py": b"KERNEL = 1\n"}),
         ("second fix", {"vllm/a.py": a2}),
     ])
+
+
+@pytest.fixture(scope="session")
+def pristine_tree() -> Path:
+    """The pinned release's tree (see vllm_trees)."""
+    return pristine()
+
+
+@pytest.fixture(scope="session")
+def patched_tree(pristine_tree: Path, tmp_path_factory) -> Path:
+    """$VLLM_PATCH_PATCHED_TREE, else a session copy of the pristine tree with the whole series applied."""
+    return tree_from_env("VLLM_PATCH_PATCHED_TREE") or patched_copy(pristine_tree, tmp_path_factory.mktemp("patched"))

@@ -1,14 +1,12 @@
 """Kernel tests: vLLM's Triton kernels against PyTorch references, on a GPU or on CPU under Triton's interpreter.
 
-The vLLM sources come from two trees: the pristine pinned release and a copy with the project's series
-applied (``$VLLM_PATCH_PRISTINE_TREE`` / ``$VLLM_PATCH_PATCHED_TREE`` name unpacked trees to use instead,
-as the GPU host does).
+The vLLM sources come from two trees (the ``pristine_tree`` and ``patched_tree`` fixtures of tests/conftest.py):
+the pinned release and a copy with the project's series applied.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -24,13 +22,8 @@ import pytest  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from vllm_patch.operations import apply  # noqa: E402
-from vllm_patch.series import load_series  # noqa: E402
-from vllm_patch.targets.tree import TreeTarget  # noqa: E402
-from vllm_patch.upstream import pinned_base_tree  # noqa: E402
 from vllm_tree import interpreted  # noqa: E402
 
-PROJECT = Path(__file__).resolve().parents[2]
 INTERPRETED = interpreted()
 
 
@@ -60,37 +53,3 @@ def pytest_collection_modifyitems(config, items):
 def device() -> str:
     """Where tensors live: "cuda" on a GPU host, else "cpu" (kernels interpreted)."""
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _tree_from_env(var: str) -> Path | None:
-    value = os.environ.get(var)
-    if not value:
-        return None
-    root = Path(value).resolve()
-    if not (root / "vllm").is_dir():
-        raise pytest.UsageError(f"${var}={value} holds no vllm/ directory")
-    return root
-
-
-@pytest.fixture(scope="session")
-def pristine_tree() -> Path:
-    """A tree holding the pinned release's ``vllm/``: $VLLM_PATCH_PRISTINE_TREE, else the cached PyPI sdist."""
-    return _tree_from_env("VLLM_PATCH_PRISTINE_TREE") or pinned_base_tree(load_series(PROJECT).pin, quiet=True)
-
-
-@pytest.fixture(scope="session")
-def patched_tree(pristine_tree: Path, tmp_path_factory) -> Path:
-    """A tree with the whole series applied: $VLLM_PATCH_PATCHED_TREE, else a session copy of the
-    pristine ``vllm/`` patched through the tool's own apply (all or nothing)."""
-    given = _tree_from_env("VLLM_PATCH_PATCHED_TREE")
-    if given is not None:
-        return given
-    series = load_series(PROJECT)
-    root = tmp_path_factory.mktemp("patched-tree")
-    shutil.copytree(pristine_tree / "vllm", root / "vllm", ignore=shutil.ignore_patterns("__pycache__"))
-    for rel in series.touched_paths():  # files a patch touches outside vllm/ (none are needed to import)
-        if not rel.startswith("vllm/") and (pristine_tree / rel).is_file():
-            (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(pristine_tree / rel, root / rel)
-    apply(TreeTarget(root), series)
-    return root

@@ -1,0 +1,54 @@
+"""The vLLM source trees the patch tests run on: the pinned release and copies of it with the series applied.
+
+``$VLLM_PATCH_PRISTINE_TREE`` and ``$VLLM_PATCH_PATCHED_TREE`` name unpacked trees to use instead (a GPU host
+passes the wheel's trees). Pointing the patched one at the pristine tree shows which tests the series makes
+pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from vllm_patch.operations import apply
+from vllm_patch.series import load_series
+from vllm_patch.targets.tree import TreeTarget
+from vllm_patch.upstream import pinned_base_tree
+
+PROJECT = Path(__file__).resolve().parents[1]
+
+
+def tree_from_env(var: str) -> Path | None:
+    """The tree ``$var`` names (it must hold ``vllm/``), or None when unset."""
+    value = os.environ.get(var)
+    if not value:
+        return None
+    root = Path(value).resolve()
+    if not (root / "vllm").is_dir():
+        raise pytest.UsageError(f"${var}={value} holds no vllm/ directory")
+    return root
+
+
+def pristine() -> Path:
+    """$VLLM_PATCH_PRISTINE_TREE, else the pinned release's PyPI sdist (downloaded once, cached)."""
+    return tree_from_env("VLLM_PATCH_PRISTINE_TREE") or pinned_base_tree(load_series(PROJECT).pin, quiet=True)
+
+
+def patched_copy(base: Path, dest: Path, upto: str | None = None) -> Path:
+    """dest holding a copy of base's ``vllm/`` with the series applied through the tool (all or nothing),
+    up to and including the patch named ``upto`` when given. Files the series touches outside ``vllm/``
+    are copied too."""
+    series = load_series(PROJECT)
+    if upto is not None:
+        series = dataclasses.replace(series, patches=series.patches[: series.names.index(upto) + 1])
+    shutil.copytree(base / "vllm", dest / "vllm", ignore=shutil.ignore_patterns("__pycache__"))
+    for rel in series.touched_paths():
+        if not rel.startswith("vllm/") and (base / rel).is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(base / rel, dest / rel)
+    apply(TreeTarget(dest), series)
+    return dest
