@@ -2,13 +2,16 @@
 
 A non-spec decode step of a GDN layer (the packed fast path of `_forward_core_decode_non_spec`) is
 `causal_conv1d_update` then `fused_recurrent_gated_delta_rule_packed_decode`. After a step that
-accepted drafts, the patched layer first copies each request's SSM state from the block of its last
-accepted token and reads the conv window at that offset. This times, at real model shapes:
+accepted drafts, the patched layer reads each request's conv window at the accepted offset and its
+SSM state from the block of its last accepted token (`ssm_state_src_indices`), with no copy. This
+times, at real model shapes:
 
 - unpatched: the two kernels from the pristine tree, as v0.20.0 runs them on every decode step;
 - patched, no recovery: the patched tree's kernels with nothing passed (steps after a step that
   accepted no draft, and every step without speculative decoding);
-- patched, recovery: the SSM state copy, then the conv update with the accepted counts.
+- patched, recovery: the conv update with the accepted counts, the packed decode with the sources;
+- copy: the same recovery done by gathering the SSM states into the slots first, then running the
+  kernels on the slots (what a copy-based fix costs, for comparison).
 
 It prints microseconds per layer and step and the ratios against unpatched. The whole model's step
 also runs the projections, the MoE and the attention layers, so the per-layer ratio bounds the
@@ -96,10 +99,16 @@ class Layer:
         self.accepted = accepted.to(device=device, dtype=torch.int32)
 
 
-def decode_step(conv, recurrent, layer: Layer, recover: bool) -> None:
-    """One non-spec decode step of the layer, as `_forward_core_decode_non_spec` runs it."""
-    if recover:
+def decode_step(conv, recurrent, layer: Layer, recover: str | None) -> None:
+    """One non-spec decode step of the layer, as `_forward_core_decode_non_spec` runs it.
+
+    recover: None (nothing to recover), "sources" (the patch) or "copy" (gather into the slots first).
+    """
+    sources = {}
+    if recover == "copy":
         layer.ssm_state[layer.state_indices] = layer.ssm_state[layer.src_indices]
+    elif recover == "sources":
+        sources = dict(ssm_state_src_indices=layer.src_indices)
     mixed = conv.causal_conv1d_update(
         layer.x, layer.conv_state, layer.weight, layer.bias, "silu",
         conv_state_indices=layer.state_indices,
@@ -109,7 +118,7 @@ def decode_step(conv, recurrent, layer: Layer, recover: bool) -> None:
     recurrent.fused_recurrent_gated_delta_rule_packed_decode(
         mixed_qkv=mixed, a=layer.a, b=layer.b, A_log=layer.A_log, dt_bias=layer.dt_bias,
         scale=layer.shape.head_k ** -0.5, initial_state=layer.ssm_state, out=layer.out,
-        ssm_state_indices=layer.state_indices, use_qk_l2norm_in_kernel=True,
+        ssm_state_indices=layer.state_indices, use_qk_l2norm_in_kernel=True, **sources,
     )
 
 
@@ -141,19 +150,23 @@ def main() -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     trees = {"unpatched": args.pristine, "patched": args.patched}
     mods = {label: (load_module(tree, CONV), load_module(tree, RECURRENT)) for label, tree in trees.items()}
-    if "num_accepted_tokens" not in mods["patched"][0].causal_conv1d_fn.__code__.co_varnames:
-        raise SystemExit(f"{args.patched} has no recovery path in causal_conv1d_fn: give the patched tree")
+    packed_decode = mods["patched"][1].fused_recurrent_gated_delta_rule_packed_decode
+    if "ssm_state_src_indices" not in packed_decode.__code__.co_varnames:
+        raise SystemExit(f"{args.patched} has no recovery path in the packed decode: give the patched tree")
     shape, bench = SHAPES[args.shape], timer(device)
     where = torch.cuda.get_device_name(0) if device == "cuda" else "CPU (Triton interpreter)"
     print(f"{where}; GDN layer {shape.name}: {shape.num_k_heads} k-heads, {shape.num_v_heads} v-heads, "
           f"head {shape.head_k}x{shape.head_v}, conv dim {shape.conv_dim}, K={args.num_spec}")
-    print(f"{'batch':>5} {'unpatched us':>13} {'patched us':>11} {'recovery us':>12} "
-          f"{'patched/unp':>12} {'recovery/unp':>13}")
+    print(f"{'batch':>5} {'unpatched us':>13} {'patched us':>11} {'recovery us':>12} {'copy us':>8} "
+          f"{'patched/unp':>12} {'recovery/unp':>13} {'copy/unp':>9}")
     for batch in map(int, args.batches.split(",")):
         layer = Layer(shape, batch, args.num_spec, device)
-        base, idle, rec = (bench(partial(decode_step, *mods[tree], layer, recover=recover))
-                           for tree, recover in (("unpatched", False), ("patched", False), ("patched", True)))
-        print(f"{batch:>5} {base:>13.1f} {idle:>11.1f} {rec:>12.1f} {idle / base:>11.3f}x {rec / base:>12.3f}x")
+        base, idle, rec, copy = (
+            bench(partial(decode_step, *mods[tree], layer, recover=recover))
+            for tree, recover in (("unpatched", None), ("patched", None), ("patched", "sources"), ("patched", "copy"))
+        )
+        print(f"{batch:>5} {base:>13.1f} {idle:>11.1f} {rec:>12.1f} {copy:>8.1f} "
+              f"{idle / base:>11.3f}x {rec / base:>12.3f}x {copy / base:>8.3f}x")
     return 0
 
 

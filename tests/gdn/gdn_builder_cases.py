@@ -30,18 +30,17 @@ def _counts(values: list[int], device: str) -> torch.Tensor:
 def _check_rows(md, batch: Batch, rows: list[int], counts: list[int]) -> None:
     """The recovery fields of the non-spec rows ``rows`` (batch indices, in order) with accepted ``counts``.
 
-    The state slot is the row's block 0; the source is its block ``count - 1``.
+    The state slot is the row's block 0; the source is its block ``count - 1``. Sources and counts are
+    aligned with the slots, row for row.
     """
-    n_src = md.spec_decode_src_indices.numel()
-    assert _ints(md.non_spec_num_accepted_tokens)[: len(counts)] == counts
-    want_src = [batch.block(r, c - 1) for r, c in zip(rows, counts, strict=True)]
-    assert _ints(md.spec_decode_src_indices) == want_src[:n_src]
-    assert _ints(md.non_spec_state_indices_tensor)[:n_src] == [batch.block(r, 0) for r in rows][:n_src]
+    assert _ints(md.non_spec_state_indices_tensor) == [batch.block(r, 0) for r in rows]
+    assert _ints(md.non_spec_state_src_indices) == [batch.block(r, c - 1) for r, c in zip(rows, counts, strict=True)]
+    assert _ints(md.non_spec_num_accepted_tokens) == counts
 
 
 def non_spec_step_after_acceptance(gdn_attn, make_builder, device: str) -> None:
     """No row has drafts (ngram found no match anywhere, or MTP gave zero drafts to all): the runner
-    passes only the counts. Decodes come first; prefills get count 1 and no source."""
+    passes only the counts. Decodes come first; prefills get count 1 and read their own slot."""
     batch = Batch(query_lens=[1, 1, 1, 3, 9, 7], context_lens=[50, 40, 30, 20, 16, 0],
                   prefilling=[False, False, False, True, True, True], num_spec=K, device=device)
     # Row 3 is a chunked prefill whose sampled token was discarded: the runner counts 0 for it.
@@ -49,7 +48,8 @@ def non_spec_step_after_acceptance(gdn_attn, make_builder, device: str) -> None:
 
     assert (md.num_decodes, md.num_prefills, md.num_spec_decodes) == (3, 3, 0)
     assert md.spec_sequence_masks is None and md.num_accepted_tokens is None
-    assert _ints(md.spec_decode_src_indices) == [batch.block(0, 2), batch.block(1, 0), batch.block(2, 3)]
+    assert _ints(md.non_spec_state_src_indices) == [batch.block(0, 2), batch.block(1, 0), batch.block(2, 3),
+                                                    batch.block(3, 0), batch.block(4, 0), batch.block(5, 0)]
     assert _ints(md.non_spec_num_accepted_tokens) == [3, 1, 4, 1, 1, 1]
     _check_rows(md, batch, rows=list(range(6)), counts=[3, 1, 4, 1, 1, 1])
 
@@ -62,7 +62,22 @@ def non_spec_decode_only_after_acceptance(gdn_attn, make_builder, device: str) -
 
     assert (md.num_decodes, md.num_prefills) == (4, 0)
     _check_rows(md, batch, rows=[0, 1, 2, 3], counts=[2, 4, 1, 3])
-    assert md.non_spec_num_accepted_tokens.numel() == 4
+
+
+def non_spec_decode_padded_for_cuda_graphs(gdn_attn, make_builder, device: str) -> None:
+    """With full CUDA graphs the builder copies the slots of a decode-only batch into its persistent
+    buffer, padded with the null block to the runner's padded token count: sources and counts follow,
+    null and 1 in the padding, so the kernels skip those rows."""
+    batch = Batch(query_lens=[1, 1, 1], context_lens=[9, 8, 7], prefilling=[False] * 3,
+                  num_spec=K, device=device)
+    batch.num_actual_tokens = 5  # padded by the runner
+    md = make_builder(K, full_cuda_graph=True).build(0, batch, num_accepted_tokens=_counts([3, 1, 2], device))
+
+    null = gdn_attn.NULL_BLOCK_ID
+    assert _ints(md.non_spec_state_indices_tensor) == [batch.block(r, 0) for r in range(3)] + [null] * 2
+    assert _ints(md.non_spec_state_src_indices) == [batch.block(0, 2), batch.block(1, 0), batch.block(2, 1),
+                                                    null, null]
+    assert _ints(md.non_spec_num_accepted_tokens) == [3, 1, 2, 1, 1]
 
 
 def non_spec_step_without_counts(gdn_attn, make_builder, device: str) -> None:
@@ -70,7 +85,7 @@ def non_spec_step_without_counts(gdn_attn, make_builder, device: str) -> None:
     batch = Batch(query_lens=[1, 1, 5], context_lens=[9, 8, 0], prefilling=[False, False, True],
                   num_spec=K, device=device)
     md = make_builder(K).build(0, batch)
-    assert md.spec_decode_src_indices is None and md.non_spec_num_accepted_tokens is None
+    assert md.non_spec_state_src_indices is None and md.non_spec_num_accepted_tokens is None
     assert md.num_accepted_tokens is None
 
 
@@ -78,7 +93,7 @@ def no_spec_config_ignores_counts(gdn_attn, make_builder, device: str) -> None:
     """Without speculative decoding the builder never recovers anything."""
     batch = Batch(query_lens=[1, 1], context_lens=[9, 8], prefilling=[False, False], num_spec=0, device=device)
     md = make_builder(0).build(0, batch, num_accepted_tokens=_counts([1, 1], device))
-    assert md.spec_decode_src_indices is None and md.non_spec_num_accepted_tokens is None
+    assert md.non_spec_state_src_indices is None and md.non_spec_num_accepted_tokens is None
 
 
 def drafts_only_for_prefilling_rows(gdn_attn, make_builder, device: str) -> None:
@@ -89,8 +104,7 @@ def drafts_only_for_prefilling_rows(gdn_attn, make_builder, device: str) -> None
     md = make_builder(K).build(0, batch, num_accepted_tokens=_counts([4, 2, 1], device),
                                num_decode_draft_tokens_cpu=torch.tensor([-1, -1, -1], dtype=torch.int32))
     assert md.spec_sequence_masks is None and (md.num_decodes, md.num_prefills) == (2, 1)
-    assert _ints(md.spec_decode_src_indices) == [batch.block(0, 3), batch.block(1, 1)]
-    assert _ints(md.non_spec_num_accepted_tokens) == [4, 2, 1]
+    _check_rows(md, batch, rows=[0, 1, 2], counts=[4, 2, 1])
 
 
 def pure_spec_batch(gdn_attn, make_builder, device: str) -> None:
@@ -101,7 +115,7 @@ def pure_spec_batch(gdn_attn, make_builder, device: str) -> None:
     md = make_builder(K).build(0, batch, num_accepted_tokens=_counts([2, 1, 4], device),
                                num_decode_draft_tokens_cpu=torch.tensor([3, 3, 1], dtype=torch.int32))
     assert (md.num_spec_decodes, md.num_decodes, md.num_prefills) == (3, 0, 0)
-    assert md.spec_decode_src_indices is None and md.non_spec_num_accepted_tokens is None
+    assert md.non_spec_state_src_indices is None and md.non_spec_num_accepted_tokens is None
     assert _ints(md.num_accepted_tokens) == [2, 1, 4]
 
 
@@ -134,7 +148,7 @@ def mixed_batch(gdn_attn, make_builder, device: str) -> None:
     assert (md.num_spec_decodes, md.num_decodes, md.num_prefills) == (3, 0, 4)
     assert _ints(md.num_accepted_tokens) == [2, 4, 1]  # spec rows 0, 2, 4
     assert _ints(md.non_spec_state_indices_tensor) == [batch.block(r, 0) for r in MIXED_NON_SPEC_ROWS]
-    assert _ints(md.spec_decode_src_indices) == [batch.block(1, 2), batch.block(3, 0), batch.block(5, 0),
+    assert _ints(md.non_spec_state_src_indices) == [batch.block(1, 2), batch.block(3, 0), batch.block(5, 0),
                                                  batch.block(6, 0)]
     assert _ints(md.non_spec_num_accepted_tokens) == [3, 1, 1, 1]
     # The same rows, in the same order, as the rest of the non-spec metadata.
@@ -148,12 +162,12 @@ def mixed_batch_cpu_counts_skip(gdn_attn, make_builder, device: str) -> None:
     accepted = [2, 1, 4, 1, 3, 0, 1]  # row 4 (spec) accepted 3; every non-spec row at most 1
     _, md = _mixed(make_builder, device, accepted=accepted,
                    num_accepted_tokens_cpu=torch.tensor(accepted, dtype=torch.int32))
-    assert md.spec_decode_src_indices is None and md.non_spec_num_accepted_tokens is None
+    assert md.non_spec_state_src_indices is None and md.non_spec_num_accepted_tokens is None
     assert _ints(md.num_accepted_tokens) == [2, 4, 3]
 
     batch, md = _mixed(make_builder, device,
                        num_accepted_tokens_cpu=torch.tensor(MIXED_ACCEPTED, dtype=torch.int32))
-    assert _ints(md.spec_decode_src_indices) == [batch.block(1, 2), batch.block(3, 0), batch.block(5, 0),
+    assert _ints(md.non_spec_state_src_indices) == [batch.block(1, 2), batch.block(3, 0), batch.block(5, 0),
                                                  batch.block(6, 0)]
     assert _ints(md.non_spec_num_accepted_tokens) == [3, 1, 1, 1]
 
@@ -161,6 +175,7 @@ def mixed_batch_cpu_counts_skip(gdn_attn, make_builder, device: str) -> None:
 CASES = [
     non_spec_step_after_acceptance,
     non_spec_decode_only_after_acceptance,
+    non_spec_decode_padded_for_cuda_graphs,
     non_spec_step_without_counts,
     no_spec_config_ignores_counts,
     drafts_only_for_prefilling_rows,

@@ -21,7 +21,7 @@ def gdn_attn(patched_tree):
 
 @pytest.mark.parametrize("case", gdn_builder_cases.CASES, ids=lambda case: case.__name__)
 def test_builder(case, gdn_attn):
-    case(gdn_attn, lambda num_spec: make_builder(gdn_attn, num_spec), "cpu")
+    case(gdn_attn, lambda num_spec, **kw: make_builder(gdn_attn, num_spec, **kw), "cpu")
 
 
 def test_harness_runs_the_pristine_builder(pristine_tree):

@@ -2,14 +2,13 @@
 
 The same batches as ``test_gdn_builder.py``, but built by the installed ``vllm`` package:
 its ``GDNAttentionMetadataBuilder`` with its real imports, on CUDA when there is a GPU. Also checked:
-the layer's SSM-state copy and the conv wrapper's new argument. Skips itself only when ``import vllm``
-fails. Against an unpatched vLLM it fails, as it should.
+the new arguments of the conv wrapper and the packed decode, and that the layer uses the sources.
+Skips itself only when ``import vllm`` fails. Against an unpatched vLLM it fails, as it should.
 """
 
 from __future__ import annotations
 
 import inspect
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -39,7 +38,7 @@ def mamba_spec():
 
 @pytest.mark.parametrize("case", gdn_builder_cases.CASES, ids=lambda case: case.__name__)
 def test_builder_installed_vllm(case, gdn_attn, mamba_spec):
-    case(gdn_attn, lambda num_spec: make_builder(gdn_attn, num_spec, device=DEVICE, mamba_spec=mamba_spec),
+    case(gdn_attn, lambda num_spec, **kw: make_builder(gdn_attn, num_spec, device=DEVICE, mamba_spec=mamba_spec, **kw),
          DEVICE)
 
 
@@ -49,19 +48,17 @@ def test_conv_wrapper_takes_num_accepted_tokens():
     assert "num_accepted_tokens" in inspect.signature(causal_conv1d.causal_conv1d_fn).parameters
 
 
-def test_layer_copies_ssm_state_from_accepted_block():
+def test_packed_decode_takes_state_sources():
+    from vllm.model_executor.layers.fla.ops import fused_recurrent
+
+    params = inspect.signature(fused_recurrent.fused_recurrent_gated_delta_rule_packed_decode).parameters
+    assert "ssm_state_src_indices" in params
+
+
+def test_layer_reads_state_sources_and_makes_no_copy():
+    """The layer hands the sources to the kernels; the release's gather/scatter helper is not there."""
     from vllm.model_executor.layers.mamba import gdn_linear_attn
 
-    ssm = torch.randn(12, 2, 4, 4, device=DEVICE)
-    before = ssm.clone()
-    md = SimpleNamespace(
-        spec_decode_src_indices=torch.tensor([3, 5, 8], dtype=torch.int32, device=DEVICE),
-        non_spec_state_indices_tensor=torch.tensor([1, 5, 6, 0, 0], dtype=torch.int32, device=DEVICE),
-    )
-    gdn_linear_attn._restore_accepted_ssm_state(ssm, md)
-    assert torch.equal(ssm[1], before[3]) and torch.equal(ssm[5], before[5]) and torch.equal(ssm[6], before[8])
-    untouched = [0, 2, 3, 4, 7, 8, 9, 10, 11]
-    assert torch.equal(ssm[untouched], before[untouched])
-
-    md.spec_decode_src_indices = None
-    gdn_linear_attn._restore_accepted_ssm_state(ssm, md)  # no-op
+    source = inspect.getsource(gdn_linear_attn.GatedDeltaNetAttention)
+    assert source.count("non_spec_state_src_indices") >= 2
+    assert not hasattr(gdn_linear_attn, "_restore_accepted_ssm_state")

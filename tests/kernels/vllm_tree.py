@@ -117,6 +117,23 @@ SHIMS: dict[str, Callable[[ModuleType], None]] = {
 """Modules replaced by shims (their real versions import ``vllm.envs`` and more), by dotted name."""
 
 
+def _late_bound_tl_aliases(module: ModuleType) -> None:
+    """fla's ``op.py`` binds ``exp = tl.exp`` (and ``log``, ``log2``) at import. The interpreter swaps in
+    its own versions of ``tl``'s functions only while a kernel runs, so under it these aliases must look
+    the function up at call time; compiled kernels keep the originals."""
+    if not interpreted():
+        return
+    tl = module.tl
+    for name in ("exp", "log", "log2"):
+        module.__dict__[name] = (lambda attr: lambda *args, **kwargs: getattr(tl, attr)(*args, **kwargs))(name)
+
+
+AFTER_EXEC: dict[str, Callable[[ModuleType], None]] = {
+    "vllm.model_executor.layers.fla.ops.op": _late_bound_tl_aliases,
+}
+"""Adjustments made to a source module right after it runs, by dotted name."""
+
+
 def package_name(tree: Path) -> str:
     """The top-level package name this tree's modules live under (registers the tree)."""
     root = Path(tree).resolve()
@@ -142,8 +159,9 @@ def _tree_import(top: str) -> Callable[..., ModuleType]:
 class _Loader(importlib.abc.Loader):
     """Creates a tree's packages (empty), shims, and source modules (run with the tree's ``__import__``)."""
 
-    def __init__(self, top: str, path: Path | None = None, shim: Callable[[ModuleType], None] | None = None):
-        self.top, self.path, self.shim = top, path, shim
+    def __init__(self, top: str, path: Path | None = None, shim: Callable[[ModuleType], None] | None = None,
+                 after: Callable[[ModuleType], None] | None = None):
+        self.top, self.path, self.shim, self.after = top, path, shim, after
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
         return None
@@ -157,6 +175,8 @@ class _Loader(importlib.abc.Loader):
         module.__dict__["__builtins__"] = {**builtins.__dict__, "__import__": _tree_import(self.top)}
         code = compile(self.path.read_bytes(), str(self.path), "exec", dont_inherit=True)
         exec(code, module.__dict__)
+        if self.after is not None:
+            self.after(module)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
@@ -183,7 +203,8 @@ class _Finder(importlib.abc.MetaPathFinder):
         if shim is not None:
             return importlib.machinery.ModuleSpec(fullname, _Loader(top, shim=shim))
         if source.is_file():
-            spec = importlib.machinery.ModuleSpec(fullname, _Loader(top, source), origin=str(source))
+            loader = _Loader(top, source, after=AFTER_EXEC.get(rest))
+            spec = importlib.machinery.ModuleSpec(fullname, loader, origin=str(source))
             spec.has_location = True
             return spec
         return None
