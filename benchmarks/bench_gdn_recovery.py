@@ -123,11 +123,13 @@ def decode_step(conv, recurrent, layer: Layer, recover: str | None) -> None:
 
 
 def timer(device: str) -> Callable[[Callable[[], None]], float]:
-    """Microseconds per call: Triton's do_bench on a GPU, a wall-clock loop under the interpreter."""
+    """Microseconds per call: median of CUDA graph replays on a GPU, a wall-clock loop under the interpreter."""
     if device == "cuda":
         import triton.testing
 
-        return lambda fn: triton.testing.do_bench(fn, warmup=50, rep=300) * 1e3
+        # The step is replayed from a CUDA graph: GPU time without Python's launch overhead, which is
+        # the same for every variant and would otherwise dominate (and blur) small batches.
+        return lambda fn: triton.testing.do_bench_cudagraph(fn, rep=300, return_mode="median") * 1e3
 
     def wall(fn: Callable[[], None]) -> float:
         fn()

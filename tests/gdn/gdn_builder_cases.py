@@ -172,6 +172,23 @@ def mixed_batch_cpu_counts_skip(gdn_attn, make_builder, device: str) -> None:
     assert _ints(md.non_spec_num_accepted_tokens) == [3, 1, 1, 1]
 
 
+def zero_draft_decodes_as_spec_rows(gdn_attn, make_builder, device: str) -> None:
+    """What the runner hands the builder with patch 0006: decodes without drafts count 0, not -1. They
+    are spec rows with a 1-token query, read by the spec kernels at their accepted counts; only the
+    prefills stay non-spec, and no decode is reclassified as a prefill."""
+    drafts = [3, 0, 2, 0, 3, -1, -1]
+    batch = Batch(query_lens=MIXED_QUERY_LENS, context_lens=MIXED_CONTEXT, prefilling=MIXED_PREFILLING,
+                  num_spec=K, device=device)
+    md = make_builder(K).build(0, batch, num_accepted_tokens=_counts(MIXED_ACCEPTED, device),
+                               num_decode_draft_tokens_cpu=torch.tensor(drafts, dtype=torch.int32))
+
+    assert (md.num_spec_decodes, md.num_decodes, md.num_prefills) == (5, 0, 2)
+    assert _ints(md.num_accepted_tokens) == [2, 3, 4, 1, 1]  # rows 0-4
+    assert _ints(md.spec_state_indices_tensor[:, 0]) == [batch.block(r, 0) for r in range(5)]
+    assert _ints(md.spec_query_start_loc) == [0, 4, 5, 8, 9, 13]
+    assert _ints(md.non_spec_state_indices_tensor) == [batch.block(5, 0), batch.block(6, 0)]
+
+
 CASES = [
     non_spec_step_after_acceptance,
     non_spec_decode_only_after_acceptance,
@@ -182,4 +199,5 @@ CASES = [
     pure_spec_batch,
     mixed_batch,
     mixed_batch_cpu_counts_skip,
+    zero_draft_decodes_as_spec_rows,
 ]

@@ -1,11 +1,13 @@
-"""What the patched model runner hands the Mamba2/GDN metadata builders (patches 0004/0005), on CPU.
+"""What the patched model runner hands the Mamba2/GDN metadata builders (patches 0004-0006), on CPU.
 
-``gpu_model_runner.py`` cannot be imported here, so the two pieces of ``_build_attention_metadata`` that
-decide it are cut out of the patched source with ``ast`` and run with stand-ins:
+``gpu_model_runner.py`` cannot be imported here, so the pieces of the runner that decide it are cut out
+of the patched source with ``ast`` and run with stand-ins:
 
 - the ``recover_accepted_state`` expression (steps without drafts that follow accepted drafts);
 - the ``extra_attn_metadata_args`` assignment and the ``if``/``elif`` after it in
-  ``_build_attn_group_metadata`` (which builder gets which arguments).
+  ``_build_attn_group_metadata`` (which builder gets which arguments);
+- the initial ``num_decode_draft_tokens`` of ``_prepare_inputs`` (which rows the GDN builder verifies
+  on the spec path).
 """
 
 from __future__ import annotations
@@ -127,3 +129,24 @@ def test_non_spec_step_arguments(wiring):
         assert _extra(wiring, builder, use_spec_decode=False, recover=False) == {}
         assert _extra(wiring, builder, use_spec_decode=False, recover=True, ubid=0) == {}
     assert _extra(wiring, OtherBuilder(), use_spec_decode=False, recover=True) == {}
+
+
+@pytest.fixture(scope="module")
+def draft_marks(runner_source):
+    """The value ``_prepare_inputs`` starts ``num_decode_draft_tokens`` from, before the drafts fill it."""
+    fn = _function(runner_source, "_prepare_inputs")
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [
+                "num_decode_draft_tokens"]:
+            return compile(ast.Expression(node.value), RUNNER, "eval")
+    raise LookupError("no num_decode_draft_tokens in _prepare_inputs")
+
+
+def test_decodes_without_drafts_count_zero(draft_marks):
+    """Rows past their prompt start at 0 (a 0-draft spec row for the GDN builder), prefilling rows at -1;
+    rows beyond num_reqs are not looked at."""
+    batch = SimpleNamespace(num_computed_tokens_cpu=np.array([40, 12, 30, 7, 99], dtype=np.int32),
+                            num_prompt_tokens=np.array([20, 12, 64, 9, 1], dtype=np.int32))
+    marks = eval(draft_marks, {"np": np}, dict(self=SimpleNamespace(input_batch=batch), num_reqs=4))
+    assert marks.dtype == np.int32
+    assert marks.tolist() == [0, 0, -1, -1]
