@@ -39,6 +39,11 @@ def next_name(series: Series, subject: str) -> str:
     return f"{len(series.patches) + 1:04d}-{_slug(subject) or 'patch'}.patch"
 
 
+def patch_file_name(name: str) -> str:
+    """`name` with the `.patch` suffix it lacks: `git am patches/*.patch` must see every patch."""
+    return name if name.endswith(".patch") else f"{name}.patch"
+
+
 class Author:
     """Patch authoring on the series in `root`, against its pinned base in the cache repository."""
 
@@ -110,7 +115,7 @@ class Author:
         after = read_files(tree, paths)
         if all(after[p] == before.get(p) for p in paths):
             raise InputError(f"{', '.join(paths)} in {tree} are as the series leaves them: nothing to record")
-        name = name or next_name(self.series, header.subject)
+        name = patch_file_name(name) if name else next_name(self.series, header.subject)
         text = self._text({p: before.get(p) for p in paths}, after, Header(name, header.subject, header.author,
                           header.date, header.description), unique)
         self._append(name, text)
@@ -137,7 +142,7 @@ class Author:
                               "re-export it with more context (git diff -U10), or apply it to a tree by hand and "
                               "record it with 'vllm-patch new --from TREE'")
         description = "\n\n".join(filter(None, [body.strip(), header.description]))
-        name = name or next_name(self.series, subject)
+        name = patch_file_name(name) if name else next_name(self.series, subject)
         full = Header(name, subject, header.author or fields.get("from", "") or "vllm-patch <vllm-patch@localhost>",
                       header.date or fields.get("date", "") or formatdate(), description)
         text = self._text({p: before.get(p) for p in paths}, {p: analysis.patched.get(p) for p in paths}, full,

@@ -325,7 +325,10 @@ def _header(name, subject, author, origin, bug, forwarded):
 @click.option("--file", "files", multiple=True, required=True, metavar="PATH", help="A file the patch changes.")
 @authoring_command(header=True)
 def new(ctx, name, tree, files, subject, author, origin, bug, forwarded, unique, upstream, as_json) -> None:
-    """Start a patch at the end of the series from edited files, with a DEP-3 header."""
+    """Start a patch at the end of the series from edited files, with a DEP-3 header.
+
+    NAME is the patch file name (default: NNNN-subject.patch); .patch is added when it lacks it.
+    """
     if not subject:
         raise click.UsageError("give --subject")
     header = _header(name, subject, author or "vllm-patch <vllm-patch@localhost>", origin, bug, forwarded)
@@ -336,7 +339,7 @@ def new(ctx, name, tree, files, subject, author, origin, bug, forwarded, unique,
 @click.argument("source")
 @click.option("--repo", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="SOURCE is a commit range (A..B) of this git checkout: one patch per commit.")
-@click.option("--name", help="The patch file name (default: NNNN-subject.patch).")
+@click.option("--name", help="The patch file name (default: NNNN-subject.patch; .patch is added when missing).")
 @authoring_command(header=True)
 def import_cmd(ctx, source, repo, name, subject, author, origin, bug, forwarded, unique, upstream, as_json) -> None:
     """Add a patch from a .diff/.patch file (e.g. a PR's diff) or a git commit range."""
