@@ -157,7 +157,7 @@ def _gdn_ngram(k: int, name: str, dtype: str | None = None) -> Scenario:
         test=_engine(QWEN3_NEXT12, workloads, score=True, speculative_config=ngram(k), **small_steps),
         reference=_engine(QWEN3_NEXT12, workloads, score=True, **small_steps),
         unpatched="runs, but emits tokens that are not the greedy choice after an accepted draft (GDN state)",
-        fixed_by=("0004", "0005"),
+        fixed_by=("0004", "0005", "0006"),
         oracle="teacher",
     )
 
