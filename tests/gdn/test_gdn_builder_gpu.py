@@ -2,8 +2,9 @@
 
 The same batches as ``test_gdn_builder.py``, but built by the installed ``vllm`` package:
 its ``GDNAttentionMetadataBuilder`` with its real imports, on CUDA when there is a GPU. Also checked:
-the new arguments of the conv wrapper and the packed decode, and that the layer uses the sources.
-Skips itself only when ``import vllm`` fails. Against an unpatched vLLM it fails, as it should.
+the new arguments of the conv wrapper and the packed decode (the layer's use of them is what scenarios
+c and d of tests/gpu check end to end). Skips itself only when ``import vllm`` fails. Against an
+unpatched vLLM it fails, as it should.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import torch
 import gdn_builder_cases
 from gdn_builder_harness import make_builder
 
-pytest.importorskip("vllm", reason="needs an importable vLLM (the GPU host)")
+pytest.importorskip("vllm", reason="needs an importable, patched vLLM: run on the GPU host by "
+                                   "tests/gpu/host.sh kernels; test_gdn_builder.py runs the same cases on CPU")
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -54,11 +56,3 @@ def test_packed_decode_takes_state_sources():
     params = inspect.signature(fused_recurrent.fused_recurrent_gated_delta_rule_packed_decode).parameters
     assert "ssm_state_src_indices" in params
 
-
-def test_layer_reads_state_sources_and_makes_no_copy():
-    """The layer hands the sources to the kernels; the release's gather/scatter helper is not there."""
-    from vllm.model_executor.layers.mamba import gdn_linear_attn
-
-    source = inspect.getsource(gdn_linear_attn.GatedDeltaNetAttention)
-    assert source.count("non_spec_state_src_indices") >= 2
-    assert not hasattr(gdn_linear_attn, "_restore_accepted_ssm_state")

@@ -375,7 +375,8 @@ def test_builder_cudagraph_support(patch1_tree, patched_tree, device):
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
+@pytest.mark.skipif(not CUDA, reason="CUDA graph capture needs a GPU; runs on the GPU host "
+                    "(tests/gpu/host.sh kernels)")
 @pytest.mark.parametrize("preset", ["k8v4", "4bit_nc", "3bit_nc"])
 def test_forward_in_cuda_graph(patched_tree, pristine_tree, preset):
     device = "cuda"

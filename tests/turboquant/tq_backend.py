@@ -78,21 +78,22 @@ def plain(x: Any) -> Any:
 
 
 @contextlib.contextmanager
+def _detecting(on: bool):
+    prev, _detect[0] = _detect[0], on
+    try:
+        yield
+    finally:
+        _detect[0] = prev
+
+
 def no_host_reads():
-    prev, _detect[0] = _detect[0], True
-    try:
-        yield
-    finally:
-        _detect[0] = prev
+    """Within it, a host read of a device tensor raises HostSync."""
+    return _detecting(True)
 
 
-@contextlib.contextmanager
 def _kernel_side():
-    prev, _detect[0] = _detect[0], False
-    try:
-        yield
-    finally:
-        _detect[0] = prev
+    """Within it (the kernels' stand-ins), host reads are allowed again."""
+    return _detecting(False)
 
 
 # ---------------------------------------------------------------------------
