@@ -131,22 +131,60 @@ def test_non_spec_step_arguments(wiring):
     assert _extra(wiring, OtherBuilder(), use_spec_decode=False, recover=True) == {}
 
 
+def _else_branch_with(fn: ast.FunctionDef, name: str) -> list[ast.stmt]:
+    """The statements of the ``if``/``else`` branch of ``fn`` that assigns ``name``."""
+    for node in ast.walk(fn):
+        if isinstance(node, ast.If):
+            for body in (node.body, node.orelse):
+                if any(isinstance(s, ast.Assign) and [getattr(t, "id", None) for t in s.targets] == [name]
+                       for s in body):
+                    return body
+    raise LookupError(f"no branch assigning {name}")
+
+
 @pytest.fixture(scope="module")
 def draft_marks(runner_source):
-    """The value ``_prepare_inputs`` starts ``num_decode_draft_tokens`` from, before the drafts fill it."""
-    fn = _function(runner_source, "_prepare_inputs")
-    for node in ast.walk(fn):
-        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [
-                "num_decode_draft_tokens"]:
-            return compile(ast.Expression(node.value), RUNNER, "eval")
-    raise LookupError("no num_decode_draft_tokens in _prepare_inputs")
+    """``_prepare_inputs``'s statements that compute ``num_decode_draft_tokens`` on a spec step: from
+    ``num_draft_tokens = ...`` to the call of ``_calc_spec_decode_metadata``, run as they stand."""
+    body = _else_branch_with(_function(runner_source, "_prepare_inputs"), "num_decode_draft_tokens")
+    end = next(i for i, node in enumerate(body) if isinstance(node, ast.Assign)
+               and [getattr(t, "id", None) for t in node.targets] == ["spec_decode_metadata"])
+    return compile(ast.Module(body=body[:end], type_ignores=[]), RUNNER, "exec")
+
+
+def _marks(draft_marks, computed, prompt, scheduled, drafts: dict[int, int], num_reqs=None):
+    """``num_decode_draft_tokens`` for requests ``0..n-1``; ``drafts`` maps a request to its draft count."""
+    n = len(computed)
+    batch = SimpleNamespace(num_computed_tokens_cpu=np.array(computed + [99], dtype=np.int32),
+                            num_prompt_tokens=np.array(prompt + [1], dtype=np.int32),
+                            req_id_to_index={f"r{i}": i for i in range(n)})
+    scheduler_output = SimpleNamespace(
+        scheduled_spec_decode_tokens={f"r{i}": [7] * k for i, k in drafts.items()})
+    scope = dict(self=SimpleNamespace(input_batch=batch), num_reqs=n if num_reqs is None else num_reqs,
+                 scheduler_output=scheduler_output, num_scheduled_tokens=np.array(scheduled, dtype=np.int32))
+    exec(draft_marks, {"np": np}, scope)
+    marks = scope["num_decode_draft_tokens"]
+    assert marks.dtype == np.int32
+    return marks.tolist()
 
 
 def test_decodes_without_drafts_count_zero(draft_marks):
-    """Rows past their prompt start at 0 (a 0-draft spec row for the GDN builder), prefilling rows at -1;
-    rows beyond num_reqs are not looked at."""
-    batch = SimpleNamespace(num_computed_tokens_cpu=np.array([40, 12, 30, 7, 99], dtype=np.int32),
-                            num_prompt_tokens=np.array([20, 12, 64, 9, 1], dtype=np.int32))
-    marks = eval(draft_marks, {"np": np}, dict(self=SimpleNamespace(input_batch=batch), num_reqs=4))
-    assert marks.dtype == np.int32
-    assert marks.tolist() == [0, 0, -1, -1]
+    """Rows past their prompt scheduled one token start at 0 (a 0-draft spec row for the GDN builder),
+    prefilling rows at -1, rows with drafts at their draft count."""
+    assert _marks(draft_marks, computed=[40, 12, 30, 7], prompt=[20, 12, 64, 9], scheduled=[1, 1, 16, 2],
+                  drafts={}) == [0, 0, -1, -1]
+    assert _marks(draft_marks, computed=[40, 50, 30], prompt=[20, 12, 64], scheduled=[4, 1, 16],
+                  drafts={0: 3}) == [3, 0, -1]
+
+
+def test_rows_recomputing_several_tokens_stay_off_the_spec_path(draft_marks):
+    """A request past its prompt scheduled more than one token without drafts (recomputing its output
+    after preemption, or in chunks) keeps -1: the spec partition has one state column per draft plus one."""
+    assert _marks(draft_marks, computed=[40, 25, 33], prompt=[20, 12, 30], scheduled=[5, 2, 1],
+                  drafts={}) == [-1, -1, 0]
+
+
+def test_draft_rows_need_drafts_plus_one_scheduled_tokens(draft_marks):
+    """A row with drafts is a spec row only when it is scheduled exactly its drafts plus one tokens."""
+    assert _marks(draft_marks, computed=[40, 40, 10], prompt=[20, 20, 30], scheduled=[4, 6, 4],
+                  drafts={0: 3, 1: 3, 2: 3}) == [3, -1, -1]
