@@ -9,7 +9,7 @@ import pytest
 
 from harness import report
 from harness.runner import engine_digest
-from harness.scenarios import SCENARIOS, prompts, select
+from harness.scenarios import BY_NAME, PROBES, SCENARIOS, prompts, select
 
 VARIED = [list(range(10, 42)), list(range(20, 52))]
 
@@ -91,7 +91,12 @@ def test_scenarios_are_well_formed():
         assert s.test.model == s.reference.model
         assert [w.name for w in s.test.workloads] == [w.name for w in s.reference.workloads]
         assert all(0 <= t < vocab for w in s.test.workloads for p in w.prompts for t in p)
-        assert engine_digest(s.test) != engine_digest(s.reference)
+        # The memory scenarios record one engine's figure on each tree.
+        assert (engine_digest(s.test) == engine_digest(s.reference)) == (s.oracle == "memory")
+        if s.oracle == "forced":
+            assert s.reference.force and not s.test.force and s.calibration is not None
+            assert "speculative_config" in s.test.kwargs and "speculative_config" not in s.reference.kwargs
+            assert s.reference.kwargs["kv_cache_dtype"] == s.test.kwargs["kv_cache_dtype"]
     assert len({len(p) for p in prompts(64)}) == 4
 
 
@@ -137,7 +142,7 @@ def test_teacher_tolerance_follows_the_references_own_noise():
 def test_teacher_oracle_is_invalid_when_the_noise_reaches_the_margins():
     noisy = scored(gaps=[[0.0] * 32, [1.0] + [0.0] * 31], margin=2.0)  # tolerance 2.0 >= median margin 2.0
     j = report.judge("s", "t", scored(), noisy, oracle="teacher")
-    assert j.verdict == "invalid" and "decode and prefill disagree" in j.detail
+    assert j.verdict == "invalid" and "too noisy to judge" in j.detail
 
 
 def test_teacher_oracle_without_scores_is_invalid():
@@ -149,3 +154,65 @@ def test_gdn_scenarios_score_both_engines():
     for s in SCENARIOS:
         if s.oracle == "teacher":
             assert s.test.score and s.reference.score
+
+
+def forced_run(gaps, followed=True, margin=2.0) -> dict:
+    return {"booted": True, "workloads": {"w": {"tokens": VARIED, "forced": [
+        {"gap": g, "margin": [margin] * len(g), "followed": followed} for g in gaps]}}}
+
+
+ZERO = [[0.0] * 32, [0.0] * 32]
+
+
+def judge_forced(gaps, noise=ZERO, followed=True, margin=2.0):
+    return report.judge_forced("s", "t", result(), forced_run(gaps, followed, margin), result(),
+                               forced_run(noise, margin=margin))
+
+
+def test_forced_oracle_passes_within_the_batching_noise():
+    j = judge_forced([[0.0] * 32, [0.0] * 3 + [0.3] + [0.0] * 28], noise=[[0.2] + [0.0] * 31, [0.0] * 32])
+    assert j.verdict == "pass" and j.workloads[0].tolerance == pytest.approx(0.4)
+    assert "forced plain decode" in j.detail
+
+
+def test_forced_oracle_names_the_first_wrong_token():
+    """What a wrong verify result looks like: one token 20 nats below the plain decode's choice."""
+    j = judge_forced([[0.0] * 32, [0.0] * 17 + [20.0] + [0.0] * 14])
+    assert j.verdict == "diverged"
+    assert j.workloads[0].off_greedy == [None, 17] and j.workloads[0].max_gap == pytest.approx(20.0)
+
+
+def test_forced_oracle_is_invalid_when_the_forcing_failed():
+    assert judge_forced(ZERO, followed=False).verdict == "invalid"
+    j = report.judge_forced("s", "t", result(), None, result(), forced_run(ZERO))
+    assert j.verdict == "invalid" and "forced reference" in j.detail
+
+
+def test_forced_oracle_is_invalid_when_the_noise_reaches_the_margins():
+    assert judge_forced(ZERO, noise=[[1.0] + [0.0] * 31, [0.0] * 32], margin=2.0).verdict == "invalid"
+
+
+def test_forced_oracle_reports_a_crashed_test():
+    crashed = {"booted": False, "error": {"type": "NotImplementedError", "message": "hybrid", "at": "x.py:1"}}
+    j = report.judge_forced("s", "t", crashed, None, result(), forced_run(ZERO))
+    assert j.verdict == "crash" and "at boot" in j.detail
+
+
+def test_memory_oracle_records_the_kv_cache_size_even_after_a_crash():
+    j = report.judge_memory("m", "t", {"booted": True, "kv_cache_tokens": 1210000, "workloads": {}})
+    assert j.verdict == "figure" and "1,210,000 tokens" in j.detail
+    crashed = {"booted": False, "kv_cache_tokens": 836000, "failure": "capture"}
+    assert "836,000" in report.judge_memory("m", "t", crashed).detail
+
+
+def test_forced_runs_follow_the_test_and_the_calibration():
+    from harness.runner import _forced_pairs
+
+    s = BY_NAME["f-hybrid-tq-k8v4-ngram3-bfloat16"]
+    assert _forced_pairs([s]) == [(s.reference, s.test), (s.reference, s.calibration)]
+    assert _forced_pairs([BY_NAME["c-gdn-ngram3"]]) == []
+
+
+def test_probes_are_selected_by_name_only():
+    assert not any(s.name.startswith("x-") for s in select(None))
+    assert [s.name for s in select("x")] == [s.name for s in PROBES]

@@ -63,6 +63,8 @@ def _spec_metrics(llm) -> dict[str, Any]:
     for m in metrics:
         if m.name.startswith("vllm:spec_decode_num_") and hasattr(m, "value"):
             values[m.name.removeprefix("vllm:spec_decode_")] = float(m.value)
+        elif m.name == "vllm:num_preemptions" and hasattr(m, "value"):
+            values["preemptions"] = float(m.value)
     return values
 
 
@@ -102,7 +104,12 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         from vllm.sampling_params import SamplingParams
 
         result["vllm_file"] = vllm.__file__
-        llm = LLM(model=job["model_dir"], **job["kwargs"])
+        kwargs = dict(job["kwargs"])
+        if job.get("force"):
+            from harness.forcing import ForceTokens
+
+            kwargs["logits_processors"] = [ForceTokens]
+        llm = LLM(model=job["model_dir"], **kwargs)
     except BaseException as exc:  # noqa: BLE001 - a crash at boot is a result
         result["error"] = where(exc)
         result["traceback"] = traceback.format_exc()[-4000:]
@@ -115,6 +122,8 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         result["cudagraph_mode"] = str(config.cudagraph_mode)
     except Exception:  # informational only
         pass
+    if job.get("force"):
+        return _run_forced(llm, SamplingParams, job, result)
     try:
         # Warm-up: each workload on other prompts (reversed, so no prefix-cache hit; a repeating
         # prompt still repeats, so drafts get accepted), at full length: Triton JIT of every
@@ -142,6 +151,27 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
             if job.get("score"):
                 result["workloads"][w["name"]]["teacher"] = teacher_gaps(
                     llm, SamplingParams, [list(p) for p in w["prompts"]], tokens)
+    except BaseException as exc:  # noqa: BLE001 - a crash while generating is a result
+        result["error"] = where(exc)
+        result["traceback"] = traceback.format_exc()[-4000:]
+    return result
+
+
+def _run_forced(llm, sampling_params, job: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    """Decode each workload's prompts forced to follow the given tokens, scoring every step."""
+    from harness.forcing import FORCE_KEY, forced_gaps
+
+    try:
+        for w in job["workloads"]:
+            forced = job["force"].get(w["name"])
+            if forced is None:
+                continue
+            params = [sampling_params(temperature=0.0, max_tokens=max(1, len(t)), min_tokens=max(1, len(t)),
+                                      logprobs=20, detokenize=False, ignore_eos=True,
+                                      extra_args={FORCE_KEY: list(t)}) for t in forced]
+            outs = llm.generate([{"prompt_token_ids": list(p)} for p in w["prompts"]], params, use_tqdm=False)
+            result["workloads"][w["name"]] = {"tokens": [list(o.outputs[0].token_ids) for o in outs],
+                                              "forced": forced_gaps(outs, forced)}
     except BaseException as exc:  # noqa: BLE001 - a crash while generating is a result
         result["error"] = where(exc)
         result["traceback"] = traceback.format_exc()[-4000:]

@@ -27,6 +27,12 @@ class ModelSpec:
     seed: int = 0
     std: float = 0.02
     embed_std: float = 1.0
+    # Multi-token-prediction layers (Qwen3-Next MTP): `num_nextn_predict_layers` in the config and
+    # `mtp.*` tensors, the decoder layer a random copy of a full-attention layer's shapes.
+    mtp_layers: int = 0
+    # False: only config.json is written; the engine runs with load_format="dummy" (vLLM draws the
+    # weights), for models too large to make here that are used for memory figures only.
+    weights: bool = True
 
     def key(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -63,7 +69,24 @@ QWEN3_NEXT12 = ModelSpec(
     std=0.02,
 )
 
-MODELS = {m.name: m for m in (LLAMA6, QWEN3_NEXT12)}
+# 28 layers, 32 query and 8 KV heads of 128: TurboQuant quantizes 24 of them (boundary layers
+# excepted). For KV cache capacity at vLLM's default memory settings only (dummy weights).
+LLAMA28 = ModelSpec(
+    name="llama28",
+    arch="llama",
+    config=dict(
+        vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=28,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=8192,
+        rms_norm_eps=1e-5, tie_word_embeddings=False,
+    ),
+    weights=False,
+)
+
+# The same hybrid (the same main weights) with one random MTP layer for `method: mtp` drafting.
+QWEN3_NEXT12_MTP = ModelSpec(name="qwen3next12-mtp", arch="qwen3_next", config=QWEN3_NEXT12.config, seed=1,
+                             std=0.02, mtp_layers=1)
+
+MODELS = {m.name: m for m in (LLAMA6, QWEN3_NEXT12, QWEN3_NEXT12_MTP, LLAMA28)}
 
 
 def _config(spec: ModelSpec):
@@ -110,7 +133,46 @@ def build(spec: ModelSpec, root: Path) -> Path:
     if (dest / "config.json").exists():
         return dest
     tmp = dest.with_name(dest.name + ".tmp")
+    if not spec.weights:
+        _config(spec).save_pretrained(tmp)
+        tmp.rename(dest)
+        return dest
     model = instantiate(spec, torch.bfloat16)
     model.save_pretrained(tmp)
+    if spec.mtp_layers:
+        _add_mtp(spec, model, tmp)
     tmp.rename(dest)
     return dest
+
+
+def _add_mtp(spec: ModelSpec, model, root: Path) -> None:
+    """Give a saved Qwen3-Next model the MTP module vLLM's qwen3_next_mtp.py loads: fc (2h -> h),
+    the pre-fc norms, a final norm, and decoder layers shaped like the model's first full-attention
+    layer (random weights drawn from the spec's seed: the drafts are rarely accepted)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    config = json.loads((root / "config.json").read_text())
+    config["num_nextn_predict_layers"] = spec.mtp_layers
+    (root / "config.json").write_text(json.dumps(config, indent=2))
+    files = sorted(root.glob("*.safetensors"))
+    if len(files) != 1:
+        raise RuntimeError(f"expected one safetensors file in {root}, found {len(files)}")
+    tensors = load_file(files[0])
+    gen = torch.Generator().manual_seed(spec.seed + 1000)
+    hidden = config["hidden_size"]
+    first_full = config["layer_types"].index("full_attention")
+    prefix = f"model.layers.{first_full}."
+    extra = {"mtp.fc.weight": torch.randn(hidden, 2 * hidden, generator=gen) * spec.std}
+    for name in ("norm", "pre_fc_norm_hidden", "pre_fc_norm_embedding"):
+        extra[f"mtp.{name}.weight"] = torch.ones(hidden)
+    for i in range(spec.mtp_layers):
+        for name, t in tensors.items():
+            if name.startswith(prefix):
+                rest = name[len(prefix):]
+                norm = "norm" in rest.rsplit(".", 2)[-2]
+                extra[f"mtp.layers.{i}.{rest}"] = (
+                    torch.ones(t.shape) if norm else torch.zeros(t.shape) if t.dim() == 1
+                    else torch.randn(t.shape, generator=gen) * spec.std)
+    save_file({**tensors, **{k: v.to(torch.bfloat16).contiguous() for k, v in extra.items()}}, str(files[0]),
+              metadata={"format": "pt"})

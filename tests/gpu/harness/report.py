@@ -144,16 +144,16 @@ def judge(scenario: str, tree: str, test: dict[str, Any], reference: dict[str, A
     return verdict("pass", "tokens equal the reference's", judged)
 
 
-def _judge_teacher(verdict, judged: list[WorkloadJudgement]) -> Judgement:
+def _judge_teacher(verdict, judged: list[WorkloadJudgement], reference: str = "a prefill") -> Judgement:
     unscored = [w.name for w in judged if w.off_greedy is None]
     if unscored:
         return verdict("invalid", f"no teacher-forced scores for {', '.join(unscored)}", judged)
     noisy = [w for w in judged if w.ref_median_margin is not None and w.tolerance >= w.ref_median_margin]
     if noisy:
-        parts = [f"{w.name}: tolerance {w.tolerance:.3f} (the reference's own tokens miss the prefill's greedy "
+        parts = [f"{w.name}: tolerance {w.tolerance:.3f} (the reference's own tokens miss {reference}'s greedy "
                  f"choice by up to {w.ref_max_gap:.3f}) >= its median margin {w.ref_median_margin:.3f}"
                  for w in noisy]
-        return verdict("invalid", f"{'; '.join(parts)} (decode and prefill disagree too much)", judged)
+        return verdict("invalid", f"{'; '.join(parts)} (the oracle is too noisy to judge)", judged)
     bad = [w for w in judged if any(p is not None for p in w.off_greedy)]
     if bad:
         parts = [f"{w.name}: first token off the greedy choice per prompt {w.off_greedy} "
@@ -163,13 +163,77 @@ def _judge_teacher(verdict, judged: list[WorkloadJudgement]) -> Judgement:
     exact = sum(m is None for w in judged for m in w.first_mismatch)
     total = sum(len(w.first_mismatch) for w in judged)
     within = ", ".join(f"{w.name} {w.max_gap:.3f} <= {w.tolerance:.3f}" for w in judged)
-    return verdict("pass", f"every token is the greedy choice of the same prefix within the reference's noise "
+    return verdict("pass", f"every token is the greedy choice of {reference} over the same prefix within the "
+                           f"reference's noise "
                            f"(largest gap vs tolerance: {within}); {exact}/{total} prompts equal the reference's "
                            f"tokens exactly", judged)
 
 
+def _forced_gaps(forced: dict[str, Any], name: str) -> list[list[float]] | None:
+    """A forced run's gaps per prompt for a workload, or None if it did not follow every token."""
+    w = (forced.get("workloads") or {}).get(name)
+    if not w or not all(p["followed"] and None not in p["gap"] for p in w["forced"]):
+        return None
+    return [p["gap"] for p in w["forced"]]
+
+
+def judge_forced(scenario: str, tree: str, test: dict[str, Any], forced: dict[str, Any] | None,
+                 calibration: dict[str, Any] | None, forced_calibration: dict[str, Any] | None) -> Judgement:
+    """The `forced` oracle: every token of the test must be within the tolerance of the greedy choice
+    of a plain decode forced along the test's own tokens (same model, same quantized KV cache, no
+    speculation). The tolerance is max(TEACHER_TOL, NOISE_FACTOR x the noise), the noise being the
+    largest gap of the same forced decode along the tokens of `calibration` (the plain engine run
+    freely with other batching): what batch composition alone moves a correct token. When the
+    tolerance reaches the forced decode's median top-1/top-2 margin, it could not tell a wrong token
+    from an ordinary choice, and the verdict is `invalid`."""
+    def verdict(v: str, detail: str, workloads: list[WorkloadJudgement] | None = None) -> Judgement:
+        return Judgement(scenario, tree, v, detail, workloads or [], _summary(test), _summary(forced or {}))
+
+    if not test.get("booted") or test.get("error"):
+        stage = "at boot" if not test.get("booted") else "while generating"
+        return verdict("crash", f"{stage}: {_crash_text(test)}")
+    for what, res in (("forced reference", forced), ("calibration", calibration),
+                      ("forced calibration", forced_calibration)):
+        if res is None or not res.get("booted") or res.get("error"):
+            return verdict("invalid", f"{what} missing or crashed: {_crash_text(res or {})}")
+    judged: list[WorkloadJudgement] = []
+    for name, ref in calibration["workloads"].items():
+        got = test["workloads"].get(name, {"tokens": [], "tokens_per_s": None, "spec": {}})
+        gaps, noise = _forced_gaps(forced, name), _forced_gaps(forced_calibration, name)
+        if gaps is None or noise is None:
+            return verdict("invalid", f"{name}: the forced decode did not follow the tokens (or missed a score)")
+        ref_max_gap = max((x for g in noise for x in g), default=0.0)
+        tolerance = max(TEACHER_TOL, NOISE_FACTOR * ref_max_gap)
+        margins = sorted(m for p in forced["workloads"][name]["forced"] for m in p["margin"] if m is not None)
+        mism = [first_mismatch(g, w) for g, w in zip(got["tokens"], ref["tokens"], strict=False)]
+        judged.append(WorkloadJudgement(
+            name=name, match=all(m is None for m in mism), first_mismatch=mism,
+            ref_distinct=[len(set(t)) for t in got["tokens"]], tokens_per_s=got.get("tokens_per_s"),
+            ref_tokens_per_s=ref.get("tokens_per_s"), spec=got.get("spec") or {}, tolerance=tolerance,
+            off_greedy=[first_off_greedy(g, tolerance) for g in gaps],
+            max_gap=max((x for g in gaps for x in g), default=0.0), ref_max_gap=ref_max_gap,
+            ref_median_margin=margins[len(margins) // 2] if margins else None))
+    degenerate = [w.name for w in judged if min(w.ref_distinct, default=0) < MIN_DISTINCT]
+    if degenerate:
+        return verdict("invalid", f"output too uniform in {', '.join(degenerate)} "
+                                  f"(< {MIN_DISTINCT} distinct tokens in a prompt)", judged)
+    return _judge_teacher(verdict, judged, reference="the forced plain decode")
+
+
+def judge_memory(scenario: str, tree: str, test: dict[str, Any]) -> Judgement:
+    """The `memory` oracle records a figure: the KV cache vLLM sized (its "GPU KV cache size" line);
+    trees are compared side by side in the report. `crash` if the engine did not boot, with the size
+    if it was logged before the crash (as when capture fails)."""
+    tokens = test.get("kv_cache_tokens")
+    size = "no KV cache size logged" if tokens is None else f"GPU KV cache size: {tokens:,} tokens"
+    if not test.get("booted") or test.get("error"):
+        stage = "at boot" if not test.get("booted") else "while generating"
+        return Judgement(scenario, tree, "crash", f"{size}; {stage}: {_crash_text(test)}", [], _summary(test), {})
+    return Judgement(scenario, tree, "figure", size, [], _summary(test), {})
+
+
 def _summary(result: dict[str, Any]) -> dict[str, Any]:
-    keys = ("booted", "boot_s", "cudagraph_mode", "error", "failure", "returncode")
+    keys = ("booted", "boot_s", "cudagraph_mode", "error", "failure", "returncode", "kv_cache_tokens")
     return {k: result[k] for k in keys if k in result}
 
 

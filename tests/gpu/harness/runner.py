@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -20,18 +21,25 @@ from .models import build
 from .scenarios import Engine, Scenario
 
 HARNESS_ROOT = Path(__file__).resolve().parent.parent
+KV_CACHE_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 
 
 def engine_digest(engine: Engine) -> str:
     return hashlib.sha256(engine.key().encode()).hexdigest()[:16]
 
 
-def _job(engine: Engine, model_dir: Path) -> dict[str, Any]:
+def forced_digest(engine: Engine, follows: Engine) -> str:
+    """A forced engine's result key: the engine and the one whose tokens it follows."""
+    return f"{engine_digest(engine)}-{engine_digest(follows)}"
+
+
+def _job(engine: Engine, model_dir: Path, force: dict[str, list[list[int]]] | None = None) -> dict[str, Any]:
     return {
         "model_dir": str(model_dir),
         "kwargs": engine.kwargs,
         "workloads": [asdict(w) for w in engine.workloads],
         "score": engine.score,
+        "force": force,
     }
 
 
@@ -49,12 +57,13 @@ def _env(tree: Path, extra_path: list[Path], cache: Path) -> dict[str, str]:
 
 
 def run_engine(engine: Engine, tree: Path, model_dir: Path, out: Path, extra_path: list[Path],
-               cache: Path, timeout: float) -> dict[str, Any]:
+               cache: Path, timeout: float, digest: str | None = None,
+               force: dict[str, list[list[int]]] | None = None) -> dict[str, Any]:
     """Start one engine in a subprocess; return its result (a crash and a timeout are results)."""
     out.mkdir(parents=True, exist_ok=True)
-    digest = engine_digest(engine)
+    digest = digest or engine_digest(engine)
     job_file, result_file, log_file = (out / f"{digest}.{s}" for s in ("job.json", "json", "log"))
-    job_file.write_text(json.dumps(_job(engine, model_dir)))
+    job_file.write_text(json.dumps(_job(engine, model_dir, force)))
     result_file.unlink(missing_ok=True)
     started = time.perf_counter()
     with open(log_file, "wb") as log:
@@ -73,37 +82,74 @@ def run_engine(engine: Engine, tree: Path, model_dir: Path, out: Path, extra_pat
         why = f"timed out after {timeout:.0f} s" if code is None else f"exited {code} without a result"
         result = {"booted": False, "failure": f"{why}; last log line: {tail[-1] if tail else ''}"}
     result.update(returncode=code, wall_s=wall)
+    # vLLM logs the KV cache it sized once memory profiling is done (also when a later step crashes).
+    sizes = KV_CACHE_LINE.findall(log_file.read_bytes().decode(errors="replace"))
+    if sizes:
+        result["kv_cache_tokens"] = int(sizes[-1].replace(",", ""))
     result_file.write_text(json.dumps(result))
     return result
+
+
+def _forced_pairs(scenarios: list[Scenario]) -> list[tuple[Engine, Engine]]:
+    """(forced engine, engine it follows) for every scenario judged by the forced oracle."""
+    pairs = []
+    for s in scenarios:
+        if s.oracle == "forced":
+            for follows in (s.test, s.calibration):
+                if follows is not None and (s.reference, follows) not in pairs:
+                    pairs.append((s.reference, follows))
+    return pairs
+
+
+def _tokens(result: dict[str, Any] | None) -> dict[str, list[list[int]]] | None:
+    """The tokens of a free-running result to force, or None if it has none (it crashed)."""
+    if not result or not result.get("booted") or result.get("error") or not result.get("workloads"):
+        return None
+    return {name: w["tokens"] for name, w in result["workloads"].items()}
 
 
 def run(scenarios: list[Scenario], trees: dict[str, Path], work: Path, extra_path: list[Path],
         timeout: float = 420.0, jobs: int = 1, fresh: bool = False,
         log=print) -> dict[str, dict[str, dict[str, Any]]]:
-    """Results by tree label, then engine digest. Engines already run are reused unless fresh."""
+    """Results by tree label, then engine digest (forced runs: forced_digest). Engines already run
+    are reused unless fresh. Free-running engines run first, then the forced ones, which need the
+    tokens of the engines they follow."""
     models = work / "models"
-    engines = {engine_digest(e): e for s in scenarios for e in (s.test, s.reference)}
-    dirs = {e.model.name: build(e.model, models) for e in engines.values()}
-    todo = []
+    engines = {engine_digest(e): e for s in scenarios for e in (s.test, s.reference, s.calibration)
+               if e is not None and not e.force}
+    pairs = _forced_pairs(scenarios)
+    dirs = {e.model.name: build(e.model, models)
+            for e in [*engines.values(), *(f for f, _ in pairs)]}
     results: dict[str, dict[str, dict[str, Any]]] = {label: {} for label in trees}
-    for label, tree in trees.items():
-        for digest, engine in engines.items():
-            done = work / "results" / label / f"{digest}.json"
-            if done.exists() and not fresh:
-                results[label][digest] = json.loads(done.read_text())
-            else:
-                todo.append((label, tree, digest, engine))
+
+    def cached(label: str, digest: str) -> bool:
+        done = work / "results" / label / f"{digest}.json"
+        if done.exists() and not fresh:
+            results[label][digest] = json.loads(done.read_text())
+            return True
+        return False
 
     def one(item):
-        label, tree, digest, engine = item
+        label, tree, digest, engine, force = item
         res = run_engine(engine, tree, dirs[engine.model.name], work / "results" / label, extra_path,
-                         work / "cache", timeout)
+                         work / "cache", timeout, digest=digest, force=force)
         state = "booted" if res.get("booted") else "crashed"
         log(f"[{label}] {engine.model.name} {digest}: {state} in {res['wall_s']} s")
         return label, digest, res
 
+    todo = [(label, tree, digest, engine, None) for label, tree in trees.items()
+            for digest, engine in engines.items() if not cached(label, digest)]
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         for label, digest, res in pool.map(one, todo):
+            results[label][digest] = res
+        forced = []
+        for label, tree in trees.items():
+            for engine, follows in pairs:
+                digest = forced_digest(engine, follows)
+                tokens = _tokens(results[label].get(engine_digest(follows)))
+                if tokens is not None and not cached(label, digest):
+                    forced.append((label, tree, digest, engine, tokens))
+        for label, digest, res in pool.map(one, forced):
             results[label][digest] = res
     return results
 
@@ -113,8 +159,21 @@ def judge_all(scenarios: list[Scenario], results: dict[str, dict[str, dict[str, 
     for scenario in scenarios:
         for label, by_digest in results.items():
             test = by_digest.get(engine_digest(scenario.test))
+            if scenario.oracle == "forced":
+                if test is None:
+                    continue
+                calibration = scenario.calibration
+                out.append(report.judge_forced(
+                    scenario.name, label, test,
+                    by_digest.get(forced_digest(scenario.reference, scenario.test)),
+                    None if calibration is None else by_digest.get(engine_digest(calibration)),
+                    None if calibration is None else by_digest.get(forced_digest(scenario.reference, calibration))))
+                continue
             ref = by_digest.get(engine_digest(scenario.reference))
             if test is None or ref is None:
+                continue
+            if scenario.oracle == "memory":
+                out.append(report.judge_memory(scenario.name, label, test))
                 continue
             out.append(report.judge(scenario.name, label, test, ref, oracle=scenario.oracle))
     return out
@@ -125,8 +184,10 @@ def load(scenarios: list[Scenario], trees: dict[str, Path], work: Path) -> dict[
     results: dict[str, dict[str, dict[str, Any]]] = {label: {} for label in trees}
     for label in trees:
         for scenario in scenarios:
-            for engine in (scenario.test, scenario.reference):
-                digest = engine_digest(engine)
+            digests = [engine_digest(e) for e in (scenario.test, scenario.reference, scenario.calibration)
+                       if e is not None]
+            digests += [forced_digest(f, t) for f, t in _forced_pairs([scenario])]
+            for digest in digests:
                 path = work / "results" / label / f"{digest}.json"
                 if path.exists():
                     results[label][digest] = json.loads(path.read_text())

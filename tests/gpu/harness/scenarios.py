@@ -8,10 +8,10 @@ report can say whether a run shows the bug or the fix.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .models import LLAMA6, QWEN3_NEXT12, ModelSpec
+from .models import LLAMA6, LLAMA28, QWEN3_NEXT12, QWEN3_NEXT12_MTP, ModelSpec
 
 
 @dataclass(frozen=True)
@@ -33,10 +33,14 @@ class Engine:
     # Also score every output token against the engine's own greedy choice by a prefill of
     # prompt + output (see harness.child.teacher_gaps).
     score: bool = False
+    # Decode forced to follow another engine's tokens, scoring each of them (harness.forcing);
+    # the runner gives it the tokens once that engine has run.
+    force: bool = False
 
     def key(self) -> str:
         """Engines with the same key give the same tokens; a shared reference runs once."""
         return json.dumps({"model": self.model.key(), "kwargs": self.kwargs, "score": self.score,
+                           "force": self.force,
                            "workloads": [[w.name, w.prompts, w.max_tokens] for w in self.workloads]},
                           sort_keys=True)
 
@@ -52,8 +56,12 @@ class Scenario:
     # "tokens": the test's greedy tokens must equal the reference's. "teacher": every token the
     # test emits must be the greedy choice of a prefill over the same prefix (both engines are
     # scored; see report.judge), which tells a wrong state apart from a near-tie flipped by
-    # rounding, after which exact comparison says nothing.
+    # rounding, after which exact comparison says nothing. "forced": the reference (force=True,
+    # no speculation, the same quantized KV cache) decodes the test's tokens one a step and
+    # scores each; its noise is measured by forcing it onto the tokens of `calibration`, the
+    # same plain engine run freely with other batching (see report.judge_forced).
     oracle: str = "tokens"
+    calibration: Engine | None = None
 
 
 def _prompt(seed: int, length: int, vocab: int, period: int | None = None) -> tuple[int, ...]:
@@ -162,6 +170,80 @@ def _gdn_ngram(k: int, name: str, dtype: str | None = None) -> Scenario:
     )
 
 
+def mtp(k: int) -> dict[str, Any]:
+    return {"method": "mtp", "num_speculative_tokens": k}
+
+
+def _combined(preset: str, method: str, dtype: str | None = None, k: int = 3) -> Scenario:
+    """What the seeds' users run, at once: the hybrid, TurboQuant, speculation (ngram or MTP),
+    FULL_AND_PIECEWISE graphs (the default), a request alone and a mixed batch of 4 in 64-token
+    steps. Judged by the forced oracle: a plain decode over the same quantized cache."""
+    model = QWEN3_NEXT12_MTP
+    vocab = model.config["vocab_size"]
+    workloads = (Workload("single", prompts(vocab)[:1], max_tokens=96), Workload("mixed4", prompts(vocab)))
+    base: dict[str, Any] = {"kv_cache_dtype": f"turboquant_{preset}", **({"dtype": dtype} if dtype else {})}
+    spec = ngram(k) if method == "ngram" else mtp(k)
+    # The forced decode runs without async scheduling: the forcing reads each request's output so far.
+    plain = {**base, "async_scheduling": False}
+    return Scenario(
+        name=f"f-hybrid-tq-{preset}-{method}{k}-{dtype or 'bfloat16'}",
+        title=f"Qwen3-Next hybrid, TurboQuant {preset}, {method} k={k}, FULL_AND_PIECEWISE, {dtype or 'bfloat16'}, "
+              "batch of 1 and mixed batch of 4, vs a plain decode forced along the same tokens",
+        test=_engine(model, workloads, speculative_config=spec, max_num_batched_tokens=64, **base),
+        reference=replace(_engine(model, workloads, max_num_batched_tokens=64, **plain), force=True),
+        # Other batching: whole prompts in one step.
+        calibration=_engine(model, workloads, max_num_batched_tokens=1024, **plain),
+        unpatched="refused: NotImplementedError in vllm/engine/arg_utils.py (hybrid models)",
+        fixed_by=("0001", "0002", "0003", "0006"),
+        oracle="forced",
+    )
+
+
+def _preemption(method: str) -> Scenario:
+    """Speculation on the hybrid with a KV cache of a few blocks for 12 requests: running requests
+    are preempted and recompute their prompt and output in 64-token chunks, so rows past their
+    prompt are scheduled several tokens at once (patch 0006 must leave them off the spec path)."""
+    model = QWEN3_NEXT12_MTP
+    vocab = model.config["vocab_size"]
+    many = tuple(_prompt(seed, 40 + 8 * (seed % 5), vocab, period=6 + seed % 4) for seed in range(1, 13))
+    workloads = (Workload("preempt12", many, max_tokens=160),)
+    small = {"max_num_batched_tokens": 64, "num_gpu_blocks_override": 48, "max_model_len": 512}
+    spec = ngram(3) if method == "ngram" else mtp(3)
+    return Scenario(
+        name=f"g-hybrid-preempt-{method}3",
+        title=f"Qwen3-Next hybrid, {method} k=3, 12 requests in a KV cache of 48 blocks (preemption), "
+              "vs no speculation",
+        test=_engine(model, workloads, score=True, speculative_config=spec, **small),
+        reference=_engine(model, workloads, score=True, **small),
+        unpatched="runs, but emits tokens that are not the greedy choice (GDN state)",
+        fixed_by=("0004", "0005", "0006"),
+        oracle="teacher",
+    )
+
+
+def _default_memory(k: int | None, graphs: str) -> Scenario:
+    """KV cache capacity at vLLM's default memory settings (gpu_memory_utilization, max_num_seqs,
+    max_num_batched_tokens left unset) on a 28-layer model with 24 TurboQuant layers: the decode
+    scratch competes with the KV cache. Runs alone on the GPU (harness run --jobs 1)."""
+    one = (Workload("one", (tuple(range(1, 33)),), max_tokens=16),)
+    kw: dict[str, Any] = {"kv_cache_dtype": "turboquant_k8v4", "load_format": "dummy",
+                          "compilation_config": {"cudagraph_mode": graphs}}
+    if k:
+        kw["speculative_config"] = ngram(k)
+    engine = Engine(model=LLAMA28, kwargs={"max_model_len": 4096, "seed": 0, "skip_tokenizer_init": True,
+                                           "attention_config": {"flash_attn_version": 2}, **kw},
+                    workloads=one)
+    return Scenario(
+        name=f"m-memory-k{k or 0}-{graphs.lower()}",
+        title=f"Llama 28 layers (24 TurboQuant k8v4), ngram k={k or 0}, {graphs}, vLLM's default memory "
+              "settings: GPU KV cache size",
+        test=engine, reference=engine,
+        unpatched="runs (PIECEWISE); the decode scratch is per layer, max_num_seqs rows",
+        fixed_by=("0002",),
+        oracle="memory",
+    )
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     _turboquant_llama("k8v4"),
     _turboquant_llama("4bit_nc"),
@@ -180,9 +262,34 @@ SCENARIOS: tuple[Scenario, ...] = (
     _gdn_ngram(8, "d-gdn-ngram8"),
     _gdn_ngram(3, "c-gdn-ngram3-fp16", dtype="float16"),
     _gdn_ngram(8, "d-gdn-ngram8-fp16", dtype="float16"),
+    _combined("k8v4", "ngram"),
+    _combined("k8v4", "mtp"),
+    _combined("k8v4", "ngram", dtype="float16"),
+    _combined("k8v4", "mtp", dtype="float16"),
+    _combined("4bit_nc", "ngram"),
+    _combined("4bit_nc", "mtp"),
+    _preemption("ngram"),
+    _preemption("mtp"),
+    *(_default_memory(k, "FULL_AND_PIECEWISE") for k in (3, 8)),
 )
 
-BY_NAME = {s.name: s for s in SCENARIOS}
+
+def _probe(base: Scenario, suffix: str, title: str, **test_kwargs: Any) -> Scenario:
+    """A variant of a scenario's test engine, judged the same way: to locate a fault, not to prove a fix."""
+    test = replace(base.test, kwargs={**base.test.kwargs, **test_kwargs})
+    return replace(base, name=f"x-{base.name.split('-', 1)[1]}-{suffix}", title=f"{base.title} ({title})",
+                   test=test)
+
+
+# Probes: selected by name only (`--scenarios x-...`), never by default.
+PROBES: tuple[Scenario, ...] = (
+    _probe(_combined("k8v4", "ngram"), "nographs", "no CUDA graphs", compilation_config={"cudagraph_mode": "NONE"}),
+    _probe(_combined("k8v4", "ngram"), "piecewise", "PIECEWISE graphs",
+           compilation_config={"cudagraph_mode": "PIECEWISE"}),
+    _probe(_combined("k8v4", "ngram"), "wholeprompts", "whole prompts in one step", max_num_batched_tokens=1024),
+)
+
+BY_NAME = {s.name: s for s in (*SCENARIOS, *PROBES)}
 
 
 def select(names: str | None) -> list[Scenario]:
@@ -191,7 +298,7 @@ def select(names: str | None) -> list[Scenario]:
         return list(SCENARIOS)
     chosen: list[Scenario] = []
     for word in names.split(","):
-        hits = [s for s in SCENARIOS if s.name == word or s.name.startswith(word.strip() + "-")]
+        hits = [s for s in BY_NAME.values() if s.name == word or s.name.startswith(word.strip() + "-")]
         if not hits:
             raise ValueError(f"no scenario named {word!r}; known: {', '.join(BY_NAME)}")
         chosen.extend(h for h in hits if h not in chosen)
