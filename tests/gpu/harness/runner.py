@@ -163,6 +163,8 @@ def judge_all(scenarios: list[Scenario], results: dict[str, dict[str, dict[str, 
                 if test is None:
                     continue
                 calibration = scenario.calibration
+                if calibration is None:  # a probe: its gaps are in the results, not judged
+                    continue
                 out.append(report.judge_forced(
                     scenario.name, label, test,
                     by_digest.get(forced_digest(scenario.reference, scenario.test)),

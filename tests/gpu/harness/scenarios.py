@@ -281,12 +281,32 @@ def _probe(base: Scenario, suffix: str, title: str, **test_kwargs: Any) -> Scena
                    test=test)
 
 
+def _single_probe(name: str, title: str, model: ModelSpec, **kv: Any) -> Scenario:
+    """One request, 96 tokens, ngram k=3 vs a plain decode forced along its tokens; no calibration
+    (the per-position gaps are what a probe is for)."""
+    workloads = (Workload("single", prompts(model.config["vocab_size"])[:1], max_tokens=96),)
+    return Scenario(
+        name=f"x-single-{name}", title=f"{title}, ngram k=3, one request, 96 tokens (probe)",
+        test=_engine(model, workloads, speculative_config=ngram(3), **kv),
+        reference=replace(_engine(model, workloads, async_scheduling=False, **kv), force=True),
+        unpatched="", oracle="forced")
+
+
 # Probes: selected by name only (`--scenarios x-...`), never by default.
 PROBES: tuple[Scenario, ...] = (
     _probe(_combined("k8v4", "ngram"), "nographs", "no CUDA graphs", compilation_config={"cudagraph_mode": "NONE"}),
     _probe(_combined("k8v4", "ngram"), "piecewise", "PIECEWISE graphs",
            compilation_config={"cudagraph_mode": "PIECEWISE"}),
     _probe(_combined("k8v4", "ngram"), "wholeprompts", "whole prompts in one step", max_num_batched_tokens=1024),
+    _single_probe("hybrid-tq", "Qwen3-Next hybrid, TurboQuant k8v4", QWEN3_NEXT12_MTP,
+                  kv_cache_dtype="turboquant_k8v4"),
+    _single_probe("hybrid-notq", "Qwen3-Next hybrid, bfloat16 KV cache", QWEN3_NEXT12_MTP),
+    _single_probe("hybrid-tq-allskip", "Qwen3-Next hybrid, TurboQuant k8v4 with every attention layer skipped",
+                  QWEN3_NEXT12_MTP, kv_cache_dtype="turboquant_k8v4",
+                  kv_cache_dtype_skip_layers=["1", "3", "5", "7", "9", "11"]),
+    _single_probe("hybrid-tq4nc", "Qwen3-Next hybrid, TurboQuant 4bit_nc", QWEN3_NEXT12_MTP,
+                  kv_cache_dtype="turboquant_4bit_nc"),
+    _single_probe("llama-tq", "Llama 6 layers, TurboQuant k8v4", LLAMA6, kv_cache_dtype="turboquant_k8v4"),
 )
 
 BY_NAME = {s.name: s for s in (*SCENARIOS, *PROBES)}
