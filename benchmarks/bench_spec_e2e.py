@@ -1,21 +1,24 @@
-"""Decode throughput with speculative decoding over a TurboQuant KV cache, end to end in vLLM.
+"""Decode throughput with speculative decoding over a TurboQuant KV cache, end to end in vLLM,
+each configuration repeated and the runs interleaved.
 
-A 1.0 B-parameter random Llama (small vocabulary, so the ngram drafter finds matches), TurboQuant
-k8v4, ngram K=3, a batch of 8 prompts of 512 tokens, 256 greedy tokens each. Compared, one engine
-at a time in its own process (tests/gpu/harness), after a warm-up pass:
+Two comparisons (`--group`):
 
-- patched, FULL_AND_PIECEWISE (vLLM's default; verify batches in FULL CUDA graphs, patch 0002);
-- patched and unpatched, cudagraph_mode=PIECEWISE (the workaround users of v0.20.0 run today);
-- unpatched, enforce_eager (the other workaround).
+- `llama`: a 1.1 B random Llama of 24 layers (TurboQuant k8v4 on 20 of them), ngram K=3. Patched
+  FULL_AND_PIECEWISE (verify batches in FULL CUDA graphs) and PIECEWISE, against what users of
+  unpatched 0.20.0 run: PIECEWISE (the baseline) and eager. (Unpatched FULL_AND_PIECEWISE crashes at
+  capture: scenario a of tests/gpu.)
+- `hybrid`: the users' configuration, a Qwen3-Next-style hybrid of 24 layers (12 GDN, 12 attention),
+  TurboQuant k8v4, ngram K=3 and MTP K=3 (a random MTP layer: drafts are rarely accepted, so this
+  times the verify path). Unpatched 0.20.0 refuses TurboQuant on hybrids, so the patched engine is
+  compared with the settings a user could fall back to: PIECEWISE (the baseline) and no graphs.
 
-(Unpatched FULL_AND_PIECEWISE crashes at capture: scenario a of tests/gpu shows it.)
+Every engine of a group is booted at once (tests/gpu/harness/interleave.py), warmed up, then run in
+rounds, the order rotating each round; a run decodes for at least `--min-seconds` (whole passes of
+the batch). Printed per configuration and batch size: output tokens/s min / median / max over the
+rounds, and the ratio of medians to the group's baseline. Figures, no assertions. Needs a CUDA GPU
+and the trees of tests/gpu/host.sh; `tests/gpu/host.sh bench` runs it.
 
-Prints output tokens/s, the ratio to the unpatched PIECEWISE workaround, the drafts' acceptance, and
-how many prompts got exactly the workaround's greedy tokens (a throughput figure means nothing if the
-output is wrong: the graphs run the same kernels, so all 8 should match).
-Needs a CUDA GPU and the trees of tests/gpu/host.sh; `tests/gpu/host.sh bench` runs it.
-
-    python benchmarks/bench_spec_e2e.py --tree unpatched=DIR --tree patched=DIR --path SITE --work DIR
+    python benchmarks/bench_spec_e2e.py --group llama --tree unpatched=DIR --tree patched=DIR --path SITE
 """
 
 from __future__ import annotations
@@ -27,20 +30,33 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "gpu"))
 
-from harness import runner  # noqa: E402
-from harness.models import ModelSpec, build  # noqa: E402
-from harness.scenarios import COMMON, Engine, Workload, ngram  # noqa: E402
+from harness.interleave import Fleet, ratio_of_medians, rotations, spread  # noqa: E402
+from harness.models import QWEN3_NEXT12, ModelSpec, build  # noqa: E402
+from harness.scenarios import COMMON, Engine, Workload, mtp, ngram  # noqa: E402
 
 LLAMA_1B = ModelSpec(
-    name="llama1b",
+    name="llama1b-24",
     arch="llama",
     config=dict(
-        vocab_size=128, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+        vocab_size=128, hidden_size=2048, intermediate_size=5632, num_hidden_layers=24,
         num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=4096,
         rms_norm_eps=1e-5, tie_word_embeddings=False,
     ),
     seed=1,
     std=0.015,
+)
+
+HYBRID_1B = ModelSpec(
+    name="qwen3next24-mtp",
+    arch="qwen3_next",
+    config={**QWEN3_NEXT12.config, "vocab_size": 128, "hidden_size": 1536, "num_hidden_layers": 24,
+            "layer_types": ["linear_attention", "full_attention"] * 12, "num_attention_heads": 16,
+            "num_key_value_heads": 4, "linear_num_key_heads": 8, "linear_num_value_heads": 16,
+            "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 768,
+            "shared_expert_intermediate_size": 768},
+    seed=1,
+    std=0.015,
+    mtp_layers=1,
 )
 
 
@@ -54,64 +70,90 @@ def bench_prompts(vocab: int, count: int = 8, length: int = 512) -> tuple[tuple[
     return tuple(out)
 
 
-def engines() -> list[tuple[str, str, Engine]]:
-    """(label, tree, engine) in the order they run."""
-    workload = (Workload("decode", bench_prompts(LLAMA_1B.config["vocab_size"]), max_tokens=256),)
-    base = {**COMMON, "max_model_len": 2048, "kv_cache_memory_bytes": 4 << 30, "gpu_memory_utilization": 0.3,
-            "kv_cache_dtype": "turboquant_k8v4", "speculative_config": ngram(3)}
-    piecewise = {"compilation_config": {"cudagraph_mode": "PIECEWISE"}}
+def configurations(group: str) -> tuple[list[tuple[str, str, Engine]], str]:
+    """(label, tree, engine) of a group, and the label of its baseline."""
+    model = LLAMA_1B if group == "llama" else HYBRID_1B
+    workload = (Workload("decode", bench_prompts(model.config["vocab_size"]), max_tokens=256),)
+    base = {**COMMON, "max_model_len": 2048, "kv_cache_memory_bytes": 4 << 30, "gpu_memory_utilization": 0.1,
+            "kv_cache_dtype": "turboquant_k8v4"}
+    if model.arch == "qwen3_next":
+        base["additional_config"] = {"gdn_prefill_backend": "triton"}
+    graphs = {mode: {"compilation_config": {"cudagraph_mode": mode}} for mode in ("PIECEWISE", "NONE")}
 
-    def engine(**extra) -> Engine:
-        return Engine(model=LLAMA_1B, kwargs={**base, **extra}, workloads=workload)
+    def engine(spec, **extra) -> Engine:
+        return Engine(model=model, kwargs={**base, "speculative_config": spec, **extra}, workloads=workload)
 
-    return [
-        ("patched FULL_AND_PIECEWISE", "patched", engine()),
-        ("patched PIECEWISE", "patched", engine(**piecewise)),
-        ("unpatched PIECEWISE (workaround)", "unpatched", engine(**piecewise)),
-        ("unpatched eager (workaround)", "unpatched", engine(enforce_eager=True)),
-    ]
+    if group == "llama":
+        return [
+            ("patched FULL_AND_PIECEWISE", "patched", engine(ngram(3))),
+            ("patched PIECEWISE", "patched", engine(ngram(3), **graphs["PIECEWISE"])),
+            ("unpatched PIECEWISE", "unpatched", engine(ngram(3), **graphs["PIECEWISE"])),
+            ("unpatched eager", "unpatched", engine(ngram(3), enforce_eager=True)),
+        ], "unpatched PIECEWISE"
+    rows = []
+    for name, spec in (("ngram", ngram(3)), ("mtp", mtp(3))):
+        rows += [
+            (f"{name} patched FULL_AND_PIECEWISE", "patched", engine(spec)),
+            (f"{name} patched PIECEWISE", "patched", engine(spec, **graphs["PIECEWISE"])),
+            (f"{name} patched no graphs", "patched", engine(spec, **graphs["NONE"])),
+        ]
+    return rows, "ngram patched PIECEWISE"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--group", choices=("llama", "hybrid"), required=True)
     parser.add_argument("--tree", action="append", required=True, help="LABEL=DIR for unpatched and patched")
     parser.add_argument("--path", action="append", default=[], help="extra PYTHONPATH entries (dependencies)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/vllm-patch-gpu/work"))
-    parser.add_argument("--timeout", type=float, default=420.0, help="seconds per engine")
+    parser.add_argument("--rounds", type=int, default=5, help="timed runs of each configuration (after a warm-up)")
+    parser.add_argument("--min-seconds", type=float, default=10.0, help="least decoding time of one run")
+    parser.add_argument("--batches", default="1,8", help="batch sizes, comma-separated")
     args = parser.parse_args()
     trees = {label: Path(path) for label, _, path in (t.partition("=") for t in args.tree)}
-    missing = {"unpatched", "patched"} - set(trees)
+    rows, baseline = configurations(args.group)
+    missing = {tree for _, tree, _ in rows} - set(trees)
     if missing:
         raise SystemExit(f"--tree needed for: {', '.join(sorted(missing))}")
-    model_dir = build(LLAMA_1B, args.work / "models")
-    rows = []
-    for label, tree, engine in engines():
-        result = runner.run_engine(engine, trees[tree], model_dir, args.work / "bench" / tree,
-                                   [Path(p) for p in args.path], args.work / "cache", args.timeout)
-        rows.append((label, result))
-        state = "ok" if result.get("booted") and "error" not in result else "failed"
-        print(f"[bench] {label}: {state} in {result['wall_s']} s", flush=True)
-    base = next((r["workloads"]["decode"] for label, r in rows
-                 if label.startswith("unpatched PIECEWISE") and "decode" in r.get("workloads", {})), None)
-    baseline = base["tokens_per_s"] if base else None
-    print("\n1.0 B random Llama, TurboQuant k8v4, ngram K=3, 8 prompts x 512 tokens, 256 tokens each")
-    print(f"{'configuration':34} {'tok/s':>8} {'vs PIECEWISE workaround':>24} {'acceptance':>11} {'boot s':>7} "
-          f"{'same tokens':>12}")
-    for label, result in rows:
-        decode = result.get("workloads", {}).get("decode")
-        if decode is None:
-            err = result.get("error") or {}
-            why = f"{err.get('type')}: {err.get('message')}" if err else result.get("failure", "no result")
-            print(f"{label:34} {'-':>8} {'-':>24} {'-':>11} {result.get('boot_s', '-'):>7}  {why[:110]}")
-            continue
-        tps = decode["tokens_per_s"]
-        spec = decode.get("spec") or {}
-        drafted = spec.get("num_draft_tokens") or 0
-        acc = f"{spec.get('num_accepted_tokens', 0) / drafted:.2f}" if drafted else "-"
-        ratio = f"{tps / baseline:.2f}x" if baseline else "-"
-        same = f"{sum(a == b for a, b in zip(decode['tokens'], base['tokens'], strict=True))}/{len(base['tokens'])}" \
-            if base else "-"
-        print(f"{label:34} {tps:>8.1f} {ratio:>24} {acc:>11} {result.get('boot_s', '-'):>7} {same:>12}")
+    model = rows[0][2].model
+    model_dirs = {model.name: build(model, args.work / "models")}
+    fleet = Fleet([(label, engine, trees[tree]) for label, tree, engine in rows], model_dirs, args.work,
+                  [Path(p) for p in args.path])
+    labels = [label for label, _, _ in rows]
+    results: dict[tuple[str, int], list[float]] = {}
+    acceptance: dict[tuple[str, int], tuple[float, float]] = {}
+    try:
+        for batch in (int(b) for b in args.batches.split(",")):
+            for label in labels:  # warm-up: JIT, lazy initialisation
+                fleet.run(label, "decode", batch, 2.0)
+            for order in rotations(labels, args.rounds):
+                for label in order:
+                    run = fleet.run(label, "decode", batch, args.min_seconds)
+                    if "error" in run:
+                        continue
+                    results.setdefault((label, batch), []).append(run["tokens"] / run["seconds"])
+                    spec = run.get("spec") or {}
+                    drafted, accepted = acceptance.get((label, batch), (0.0, 0.0))
+                    acceptance[(label, batch)] = (drafted + spec.get("num_draft_tokens", 0.0),
+                                                  accepted + spec.get("num_accepted_tokens", 0.0))
+    finally:
+        fleet.close()
+    print(f"\n{args.group}: {model.name}, TurboQuant k8v4, 8 prompts x 512 tokens, 256 tokens each; "
+          f"{args.rounds} interleaved runs of >= {args.min_seconds:.0f} s after a warm-up; output tokens/s")
+    print(f"{'configuration':36} {'batch':>5} {'min':>8} {'median':>8} {'max':>8} {'vs ' + baseline:>30} "
+          f"{'acceptance':>10} {'boot s':>7}")
+    for batch in (int(b) for b in args.batches.split(",")):
+        for label in labels:
+            m = fleet.members[label]
+            values = results.get((label, batch), [])
+            if not values:
+                print(f"{label:36} {batch:>5}  failed: {(m.failed or 'no run')[:120]}")
+                continue
+            base = results.get((baseline, batch))
+            ratio = f"{ratio_of_medians(values, base):.2f}x" if base else "-"
+            drafted, accepted = acceptance.get((label, batch), (0.0, 0.0))
+            acc = f"{accepted / drafted:.2f}" if drafted else "-"
+            print(f"{label:36} {batch:>5} {spread(values)} {ratio:>30} {acc:>10} {m.boot.get('boot_s', '-'):>7}")
     return 0
 
 

@@ -108,8 +108,12 @@ bench() {
     local kernel_env=(env VLLM_PATCH_PRISTINE_TREE="$VP_HOME/pristine" VLLM_PATCH_PATCHED_TREE="$VP_HOME/patched")
     "${kernel_env[@]}" "$PY" benchmarks/bench_tq_verify.py | tee "$VP_REPORT/bench-tq-verify.txt"
     "${kernel_env[@]}" "$PY" benchmarks/bench_gdn_recovery.py | tee "$VP_REPORT/bench-gdn-recovery.txt"
-    "$PY" benchmarks/bench_spec_e2e.py --tree "unpatched=$VP_HOME/pristine" --tree "patched=$VP_HOME/patched" \
-        --path "$VP_HOME/site" --work "$VP_HOME/work" | tee "$VP_REPORT/bench-spec-e2e.txt"
+    local group
+    for group in llama hybrid; do
+        "$PY" benchmarks/bench_spec_e2e.py --group "$group" --tree "unpatched=$VP_HOME/pristine" \
+            --tree "patched=$VP_HOME/patched" --path "$VP_HOME/site" --work "$VP_HOME/work" \
+            | tee "$VP_REPORT/bench-spec-e2e-$group.txt"
+    done
 }
 
 # Python's tarfile: the host may have no xz binary.

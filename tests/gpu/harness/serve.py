@@ -1,0 +1,78 @@
+"""One engine kept alive for repeated timed runs: `python -m harness.serve JOB.json`.
+
+Benchmarks compare configurations by interleaving their runs (A, B, C, A, B, C, ...), so that
+drift of the GPU's clocks or of the host hits every configuration alike; that needs every engine
+booted at once, each in its own process, waiting for the next run. This process boots the engine
+of a harness job (`harness.child` builds the same LLM), prints `{"ready": ...}` on stdout, then
+serves one command a line on stdin:
+
+- `{"run": WORKLOAD, "batch": N, "min_seconds": S}`: generate the workload's first N prompts
+  again and again until S seconds have passed (never less than one pass), and print
+  `{"seconds": ..., "tokens": ..., "passes": ..., "spec": {...}}`;
+- `{"quit": true}`: exit.
+
+Anything that goes wrong is printed as `{"error": ...}`; the controller reports it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+def _say(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def main() -> None:
+    from harness.child import _spec_metrics, _stub_structured_output, where
+
+    job = json.loads(Path(sys.argv[1]).read_text())
+    started = time.perf_counter()
+    try:
+        _stub_structured_output()
+        from vllm.entrypoints.llm import LLM
+        from vllm.sampling_params import SamplingParams
+
+        llm = LLM(model=job["model_dir"], **job["kwargs"])
+    except BaseException as exc:  # noqa: BLE001 - a crash at boot is a result
+        _say({"error": where(exc), "traceback": traceback.format_exc()[-3000:]})
+        os._exit(0)
+    workloads = {w["name"]: w for w in job["workloads"]}
+    _say({"ready": True, "boot_s": round(time.perf_counter() - started, 1)})
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd.get("quit"):
+            break
+        try:
+            w = workloads[cmd["run"]]
+            prompts = [{"prompt_token_ids": list(p)} for p in w["prompts"][: cmd["batch"]]]
+            params = SamplingParams(temperature=0.0, max_tokens=w["max_tokens"], min_tokens=w["max_tokens"],
+                                    detokenize=False, ignore_eos=True)
+            before = _spec_metrics(llm)
+            tokens = passes = 0
+            t0 = time.perf_counter()
+            while passes == 0 or time.perf_counter() - t0 < cmd["min_seconds"]:
+                outs = llm.generate(prompts, params, use_tqdm=False)
+                tokens += sum(len(o.outputs[0].token_ids) for o in outs)
+                passes += 1
+            seconds = time.perf_counter() - t0
+            after = _spec_metrics(llm)
+            _say({"seconds": round(seconds, 4), "tokens": tokens, "passes": passes,
+                  "spec": {k: after[k] - before.get(k, 0.0) for k in after}})
+        except BaseException as exc:  # noqa: BLE001 - reported to the controller
+            _say({"error": where(exc), "traceback": traceback.format_exc()[-3000:]})
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
