@@ -18,6 +18,19 @@ BASE = {
 }
 
 
+# Fixtures holding the real release's trees: they download its sdist (once, cached).
+REAL_TREES = {"pristine_tree", "patched_tree"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """A test on the real release's trees is an integration test, so ``-m "not integration"``
+    (``make unit``) never downloads anything."""
+    for item in items:
+        if REAL_TREES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("integration"):
+            item.add_marker(pytest.mark.integration)
+
+
 @pytest.fixture
 def base_files() -> dict[str, bytes]:
     return dict(BASE)

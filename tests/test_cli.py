@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from helpers import make_site_packages, snapshot
+from vllm_patch import operations
 from vllm_patch.cli import main
 
 
@@ -182,3 +183,117 @@ def test_concurrent_run_fails_with_a_clear_message(tree, two_patch_series):
     finally:
         holder.kill()
         holder.wait()
+
+
+# --- The error contract: every failure a user can cause is one line and exit 2, never a traceback.
+
+def one_error_line(result, *words: str) -> str:
+    """The single 'error:' line of a failed run, with no traceback anywhere."""
+    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
+    assert "Traceback" not in result.output, result.output
+    lines = error_lines(result)
+    assert len(lines) == 1, result.stderr
+    assert all(w in lines[0] for w in words), lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", ["status", "apply"])
+def test_malformed_record_line_is_one_line_exit_2(tmp_path, base_files, two_patch_series, command):
+    site = make_site_packages(tmp_path / "site", base_files)
+    record = site / "vllm-0.20.0.dist-info/RECORD"
+    lines = record.read_text().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.startswith("vllm/b.py,"))
+    lines[at] = lines[at].rstrip("\n").rsplit(",", 1)[0] + ",12x\n"
+    record.write_text("".join(lines))
+    before = snapshot(site)
+    one_error_line(run(two_patch_series, command, "--target", str(site)), "RECORD", f"line {at + 1}", "malformed")
+    assert snapshot(site) == before
+
+
+def test_corrupt_member_of_a_wheel_is_one_line_exit_2(tmp_path, base_files, two_patch_series):
+    import zipfile
+
+    from test_wheel_build import make_wheel
+    source = make_wheel(tmp_path / "in", base_files)
+    data = bytearray(source.read_bytes())
+    with zipfile.ZipFile(source) as zf:
+        offset = zf.getinfo("vllm/dup.py").header_offset  # untouched by the series: copied raw
+    data[offset:offset + 4] = b"XXXX"
+    source.write_bytes(bytes(data))
+    one_error_line(run(two_patch_series, "build-wheel", "--from", str(source), "--out", str(tmp_path / "dist")),
+                   source.name, "corrupt wheel")
+    assert not (tmp_path / "dist").exists() or not any((tmp_path / "dist").iterdir())
+
+
+def test_unexpected_exception_is_one_line_unless_debugging(tree, two_patch_series, monkeypatch):
+    def boom(*args, **kwargs):
+        raise RuntimeError("something\nunforeseen")
+
+    monkeypatch.setattr(operations, "status", boom)
+    line = one_error_line(run(two_patch_series, "status", "--target", str(tree)), "RuntimeError",
+                          "something unforeseen", "VLLM_PATCH_DEBUG=1")
+    assert "bug" in line
+    monkeypatch.setenv("VLLM_PATCH_DEBUG", "1")
+    result = run(two_patch_series, "status", "--target", str(tree))
+    assert result.exit_code == 2 and "Traceback" in result.stderr and "RuntimeError" in result.stderr
+
+
+@pytest.mark.parametrize("where", ["added", "context"])
+def test_nul_byte_in_a_patch_is_a_bad_patch(tree, two_patch_series, where):
+    if where == "added":
+        corrupt(two_patch_series, b"+KERNEL = 1\n", b"+KERNEL = '\x00'\n")
+    else:
+        corrupt(two_patch_series, b" line 9\n", b" line\x00 9\n")
+    before = snapshot(tree)
+    for command in ("apply", "status"):
+        one_error_line(run(two_patch_series, command, "--target", str(tree)), "NUL byte", "0001-first-fix.patch")
+    assert snapshot(tree) == before
+
+
+# --- Options and output.
+
+def test_python_and_target_together_are_refused(tree, two_patch_series):
+    import sys
+    before = snapshot(tree)
+    result = run(two_patch_series, "apply", "--target", str(tree), "--python", sys.executable)
+    assert result.exit_code == 2 and "not both" in result.stderr and "Traceback" not in result.output
+    result = run(two_patch_series, "status", "--python", sys.executable, "--kind", "tree")
+    assert result.exit_code == 2 and "--kind tree" in result.stderr
+    assert snapshot(tree) == before
+
+
+def test_series_option_after_the_command(tree, two_patch_series):
+    result = CliRunner().invoke(main, ["status", "--target", str(tree), "--series", str(two_patch_series), "--json"])
+    assert result.exit_code == 0, result.output
+    assert [p["name"] for p in json.loads(result.stdout)["patches"]] == ["0001-first-fix.patch",
+                                                                       "0002-second-fix.patch"]
+    result = CliRunner().invoke(main, ["series", "--series", str(two_patch_series), "--json"])
+    assert result.exit_code == 0 and len(json.loads(result.stdout)["patches"]) == 2
+
+
+def test_dry_run_says_would(tree, two_patch_series):
+    result = run(two_patch_series, "apply", "--target", str(tree), "--dry-run")
+    assert result.exit_code == 0
+    assert "OK: would apply 2 patches" in result.stdout and "(would change 3 files)" in result.stdout
+    assert "would be applied" in result.stdout and "-> applied" not in result.stdout
+    assert run(two_patch_series, "apply", "--target", str(tree)).exit_code == 0
+    result = run(two_patch_series, "revert", "--target", str(tree), "--dry-run")
+    assert "OK: would revert 2 patches" in result.stdout and "would be applies" in result.stdout
+
+
+def test_tables_show_whole_names_and_paths(tmp_path, base_files):
+    from helpers import build_series
+    deep = "vllm/model_executor/layers/quantization/kernels/a_rather_long_module_name_for_a_kernel.py"
+    subject = "A fix whose subject is long enough to make its patch file name longer than a terminal line"
+    series_dir = build_series(tmp_path / "s", base_files, [(subject, {deep: b"KERNEL = 2\n"})])
+    name = sorted((series_dir / "patches").glob("*.patch"))[0].name
+    tree = tmp_path / "t"
+    for rel, data in base_files.items():
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tree / rel).write_bytes(data)
+    for args in (["series"], ["status", "--target", str(tree)], ["apply", "--dry-run", "--target", str(tree)]):
+        result = run(series_dir, *args)
+        assert result.exit_code == 0, result.output
+        assert name in result.stdout, result.stdout
+        if args == ["series"]:
+            assert deep in result.stdout, result.stdout

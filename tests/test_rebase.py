@@ -7,25 +7,25 @@ from vllm_patch.merge3 import has_markers, merge_file
 from vllm_patch.rebase import Step, range_diff, rebase_one, series_text
 from vllm_patch.series import load_series
 
-OLD = {"m.py": b"".join(f"line {i}\n".encode() for i in range(1, 21))}
+OLD = {"m.txt": b"".join(f"line {i}\n".encode() for i in range(1, 21))}
 
 
 def one_patch(tmp_path, new_text: bytes):
-    return load_series(build_series(tmp_path / "s", OLD, [("p", {"m.py": new_text})])).patches[0]
+    return load_series(build_series(tmp_path / "s", OLD, [("p", {"m.txt": new_text})])).patches[0]
 
 
 def test_each_step(tmp_path):
-    patched = edit(OLD["m.py"], b"line 10\n", b"line 10 ours\n")
+    patched = edit(OLD["m.txt"], b"line 10\n", b"line 10 ours\n")
     patch = one_patch(tmp_path, patched)
-    after = {"m.py": patched}
+    after = {"m.txt": patched}
     assert rebase_one(patch, OLD, after, OLD, "v2")[0] is Step.CLEAN
     assert rebase_one(patch, OLD, after, after, "v2")[0] is Step.UPSTREAMED
-    near = {"m.py": edit(OLD["m.py"], b"line 8\n", b"line 8 upstream\n")}
+    near = {"m.txt": edit(OLD["m.txt"], b"line 8\n", b"line 8 upstream\n")}
     step, result, _ = rebase_one(patch, OLD, after, near, "v2")
-    assert step is Step.MERGED and b"line 8 upstream\n" in result["m.py"] and b"line 10 ours\n" in result["m.py"]
-    clash = {"m.py": edit(OLD["m.py"], b"line 10\n", b"line 10 theirs\n")}
+    assert step is Step.MERGED and b"line 8 upstream\n" in result["m.txt"] and b"line 10 ours\n" in result["m.txt"]
+    clash = {"m.txt": edit(OLD["m.txt"], b"line 10\n", b"line 10 theirs\n")}
     step, result, conflicts = rebase_one(patch, OLD, after, clash, "v2")
-    assert step is Step.CONFLICT and conflicts == ["m.py"] and has_markers(result["m.py"])
+    assert step is Step.CONFLICT and conflicts == ["m.txt"] and has_markers(result["m.txt"])
 
 
 def test_merge_file_and_markers():

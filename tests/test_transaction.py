@@ -126,3 +126,116 @@ def test_directories_created_for_a_new_file_are_removed_on_rollback(tmp_path):
     with pytest.raises(RuntimeError):
         commit(journal(tmp_path), {"deep/er/new.py": b"n"}, extra={"x": 1}, finish=boom)
     assert not (tmp_path / "deep").exists()
+
+
+# --- Real SIGKILLs anywhere in the write phase: recovery leaves exactly the old or exactly the new tree.
+
+BIG = bytes(range(256)) * 256  # 64 KiB, so that writes take measurable time
+BEFORE = {"pkg/a.py": b"A" * 100, "pkg/b.py": BIG, "old/only.py": b"O\n", **{f"pkg/m{i}.py": BIG for i in range(6)}}
+AFTER = {"pkg/a.py": b"A2", "pkg/b.py": BIG[::-1], "old/only.py": None, "new/deep/c.py": b"C\n",
+         **{f"pkg/m{i}.py": BIG[1:] + b"!" for i in range(6)}}
+
+CHILD = """
+import pickle, sys
+from pathlib import Path
+from vllm_patch.transaction import Journal, commit
+root = Path(sys.argv[1])
+changes = pickle.loads(Path(sys.argv[2]).read_bytes())
+print("ready", flush=True)
+sys.stdin.readline()
+commit(Journal(root, root / ".journal"), changes)
+print("done", flush=True)
+"""
+
+
+def fill(root: Path) -> Path:
+    for rel, data in BEFORE.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return root
+
+
+def listing(root: Path) -> dict[str, bytes | None]:
+    """Every file (with its bytes) and directory (None) under root."""
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+def expected(state: dict) -> dict[str, bytes | None]:
+    out: dict[str, bytes | None] = {}
+    for rel, data in state.items():
+        if data is not None:
+            parts = rel.split("/")
+            out.update({"/".join(parts[:i]): None for i in range(1, len(parts))})
+            out[rel] = data
+    return dict(sorted(out.items()))
+
+
+def child(root: Path, env: dict | None = None) -> subprocess.Popen:
+    import pickle
+    changes = root.with_name(root.name + ".changes")
+    changes.write_bytes(pickle.dumps(AFTER))
+    return subprocess.Popen([sys.executable, "-c", CHILD, str(root), str(changes)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+
+
+def kill_and_recover(root: Path, env: dict | None = None, delay: float | None = None) -> str | None:
+    proc = child(root, env)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    if delay is not None:
+        import time
+        time.sleep(delay)
+        proc.kill()
+    proc.wait(timeout=60)
+    return recover(journal(root))
+
+
+def test_sigkill_between_a_temporary_write_and_its_rename(tmp_path):
+    """The hook kills right after the Nth temporary file is written, before its rename: the temporary
+    file is there after the kill, and recovery removes it with the rest of the run."""
+    base, new = expected(BEFORE), expected(AFTER)
+    writes = sum(1 for d in AFTER.values() if d is not None)
+    for n in range(1, writes + 1):
+        root = fill(tmp_path / f"r{n}")
+        proc = child(root, {"VLLM_PATCH_FAULT_BEFORE_RENAME": str(n)})
+        assert proc.stdout.readline().strip() == "ready"
+        proc.communicate("go\n", timeout=60)
+        assert proc.returncode == -9
+        assert [p.name for p in root.rglob("*.vllm-patch-tmp")], "the kill left no temporary file"
+        message = recover(journal(root))
+        assert message and "rolled back" in message
+        assert listing(root) == base, n
+        assert recover(journal(root)) is None
+        assert listing(root) != new
+
+
+def test_sigkill_after_each_write(tmp_path):
+    base, new = expected(BEFORE), expected(AFTER)
+    for n in range(1, len(AFTER) + 1):
+        root = fill(tmp_path / f"r{n}")
+        proc = child(root, {"VLLM_PATCH_FAULT_AFTER_WRITES": str(n)})
+        assert proc.stdout.readline().strip() == "ready"
+        proc.communicate("go\n", timeout=60)
+        assert proc.returncode == -9
+        recover(journal(root))
+        assert listing(root) == (new if n == len(AFTER) else base), n
+
+
+def test_timed_sigkills_anywhere_in_the_run(tmp_path):
+    """SIGKILL at times spread over a whole run (backups, journal, writes, renames, cleanup)."""
+    import time
+    base, new = expected(BEFORE), expected(AFTER)
+    root = fill(tmp_path / "calibrate")
+    start = time.monotonic()
+    assert kill_and_recover(root) is None
+    span = time.monotonic() - start
+    assert listing(root) == new
+    seen = set()
+    for i in range(30):
+        root = fill(tmp_path / f"k{i}")
+        kill_and_recover(root, delay=span * i / 25)
+        result = listing(root)
+        assert result in (base, new), (i, sorted(set(result) ^ set(base)))
+        seen.add("new" if result == new else "base")
+    assert seen  # which side each kill lands on depends on the machine's speed

@@ -116,3 +116,64 @@ def test_series_that_does_not_apply(tmp_path, base_files, two_patch_series):
     with pytest.raises(PatchFailed, match="0001-first-fix.patch is conflict"):
         build_wheel(load_series(two_patch_series), source, tmp_path / "dist")
     assert out_is_empty(tmp_path / "dist")
+
+
+def tampered_copy(source: Path, dest: Path, member: str) -> Path:
+    """`source` with `member`'s bytes changed behind its RECORD's back."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(source) as src, zipfile.ZipFile(dest, "w") as dst:
+        for info in src.infolist():
+            data = src.read(info.filename)
+            dst.writestr(info, data + b"# tampered\n" if info.filename == member else data)
+    return dest
+
+
+def test_untouched_member_differing_from_its_record_is_refused(tmp_path, base_files, two_patch_series):
+    """A wheel other than the pinned one has every member checked against its RECORD before any write,
+    not only the members the series touches (the untouched ones are copied raw)."""
+    source = make_wheel(tmp_path / "in", base_files)
+    tampered = tampered_copy(source, tmp_path / "t" / source.name, "vllm/dup.py")
+    with pytest.raises(InputError, match=r"corrupt wheel: .*vllm/dup\.py didn't match RECORD"):
+        build_wheel(load_series(two_patch_series), tampered, tmp_path / "dist")
+    assert out_is_empty(tmp_path / "dist")
+
+
+def test_the_new_record_validates_with_installer(tmp_path, base_files, two_patch_series):
+    from installer.sources import WheelFile as SourceWheel
+    big = {"vllm/blob.bin": bytes(range(256)) * 4000, **base_files}
+    built = build_wheel(load_series(two_patch_series), make_wheel(tmp_path / "in", big), tmp_path / "dist")
+    with SourceWheel.open(built.path) as wheel:
+        wheel.validate_record(validate_contents=True)
+        assert wheel.dist_info_dir == f"vllm-{built.version}.dist-info"
+        lines = wheel.read_dist_info("RECORD").splitlines()
+    assert lines[-1] == f"vllm-{built.version}.dist-info/RECORD,,"
+    assert len(lines) == len(set(lines))
+
+
+def unpack(wheel: Path, dest: Path) -> Path:
+    """What pip leaves in site-packages, short of bytecode: the members as they are."""
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(dest)
+    return dest
+
+
+def test_apply_on_an_installed_patched_wheel_changes_nothing(tmp_path, base_files, two_patch_series):
+    from helpers import snapshot
+    from vllm_patch import operations
+    from vllm_patch.targets import SitePackagesTarget
+
+    series = load_series(two_patch_series)
+    built = build_wheel(series, make_wheel(tmp_path / "in", base_files), tmp_path / "dist")
+    site = unpack(built.path, tmp_path / "site")
+    before = snapshot(site)
+    outcome = operations.apply(SitePackagesTarget(site), series)
+    assert outcome.ok and outcome.changed == [] and outcome.verdict == "applied"
+    assert snapshot(site) == before
+    status = operations.status(SitePackagesTarget(site), series, full=True)
+    assert status.ok and status.integrity == [] and status.verdict == "applied"
+    # And the record it carries is the one a site-packages apply writes: revert restores the upstream files.
+    assert operations.revert(SitePackagesTarget(site), series).ok
+    for rel in ("vllm/a.py", "vllm/b.py"):
+        assert (site / rel).read_bytes() == base_files[rel]
+    assert not (site / "vllm/new_kernel.py").exists()
+    assert SitePackagesTarget(site).integrity([], full=True) == []

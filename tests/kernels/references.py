@@ -484,3 +484,37 @@ def tq_attention_ref(
         scores = torch.einsum("hd,nhd->hn", query[i].double(), k) * scale
         out[i] = torch.einsum("hn,nhd->hd", scores.softmax(-1), v)
     return out.float()
+
+
+def tq_verify_rows(seq_lens: Sequence[int] | torch.Tensor, k1: int) -> tuple[list[int], list[int]]:
+    """The rows of a verify batch: (visible length, request) of row ``r*k1+i``, the length being
+    ``L_r-k1+1+i`` clamped at 0 (query i sees the cache up to and including its own token)."""
+    lens = [int(x) for x in (seq_lens.tolist() if torch.is_tensor(seq_lens) else seq_lens)]
+    rows_len = [max(L - k1 + 1 + i, 0) for L in lens for i in range(k1)]
+    rows_req = [r for r in range(len(lens)) for _ in range(k1)]
+    return rows_len, rows_req
+
+
+def tq_verify_ref(
+    query: torch.Tensor,  # (B*k1, Hq, D), request-major
+    keys: Sequence[torch.Tensor],  # per request (L_r, Hk, D)
+    values: Sequence[torch.Tensor],
+    seq_lens: Sequence[int] | torch.Tensor,  # (B,) L_r, the k1 new tokens included
+    k1: int,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal attention of k1 verify queries per request, and its natural-log LSE (float64 math).
+
+    Returns float32 (B*k1, Hq, D) outputs, NaN for rows without a visible position (``tq_attention_ref``),
+    and float32 (B*k1, Hq) log-sum-exps of the scaled scores, -inf for such rows.
+    """
+    rows_len, rows_req = tq_verify_rows(seq_lens, k1)
+    out = tq_attention_ref(query, keys, values, rows_len, scale, rows_request=rows_req)
+    lse = torch.full(query.shape[:2], float("-inf"), dtype=torch.float64, device=query.device)
+    for i, (n, r) in enumerate(zip(rows_len, rows_req, strict=True)):
+        if n <= 0:
+            continue
+        k = keys[r][:n].double()
+        k = k.repeat_interleave(query.shape[1] // k.shape[1], dim=1)
+        lse[i] = (torch.einsum("hd,nhd->hn", query[i].double(), k) * scale).logsumexp(-1)
+    return out, lse.float()

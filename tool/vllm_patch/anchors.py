@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 
 
@@ -27,3 +28,24 @@ def find_block(lines: Sequence[str], block: Sequence[str]) -> list[int]:
 def splice(lines: list[str], at: int, old_len: int, new: Sequence[str]) -> list[str]:
     """A copy of `lines` with ``lines[at:at+old_len]`` replaced by `new`."""
     return [*lines[:at], *new, *lines[at + old_len:]]
+
+
+def nearest_block(lines: Sequence[str], block: Sequence[str], cutoff: float = 0.6) -> tuple[int, float] | None:
+    """The 0-based start of the run of ``len(block)`` lines most like `block` (difflib's
+    ratio over whole lines) and that ratio, or None when nothing reaches `cutoff`.
+    Only for messages: placement never uses it."""
+    n = len(block)
+    if not n or not lines:
+        return None
+    matcher = difflib.SequenceMatcher(None, autojunk=False)
+    matcher.set_seq2(list(block))
+    best: tuple[int, float] | None = None
+    for i in range(max(1, len(lines) - n + 1)):
+        matcher.set_seq1(list(lines[i:i + n]))
+        floor = best[1] if best else cutoff
+        if matcher.quick_ratio() < floor:
+            continue
+        ratio = matcher.ratio()
+        if ratio >= floor and (best is None or ratio > best[1]):
+            best = (i, ratio)
+    return best

@@ -13,9 +13,20 @@ from datetime import date
 from email.utils import formatdate
 from pathlib import Path
 
-from .engine import Contents, analyze, touched
+from .anchors import nearest_block
+from .engine import Analysis, Contents, HunkReport, HunkState, analyze, decode, touched
 from .errors import InputError, PatchFailed
-from .patchfile import check_path, parse_diff, parse_patch, split_mail
+from .patchfile import (
+    Hunk,
+    Patch,
+    check_no_nul,
+    check_path,
+    decode_header,
+    mail_subject,
+    parse_diff,
+    parse_patch,
+    split_mail,
+)
 from .patchwriter import Header, PatchWriter
 from .series import PATCH_DIR, SERIES_FILE, Series
 from .transaction import Journal, commit, read_files
@@ -122,33 +133,70 @@ class Author:
         return Authored(name, True, text, [])
 
     def import_diff(self, data: bytes, name: str | None, header: Header, unique: bool) -> Authored:
-        """A patch from a .diff/.patch file (e.g. a pull request's diff), appended to the series."""
+        """A patch from a .diff/.patch file (e.g. a pull request's diff, a quilt patch, a plain
+        ``diff -ruN``), appended to the series."""
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
             raise InputError("the diff is not UTF-8") from None
-        fields, body, diff_text = split_mail("import", text)
-        subject = header.subject or fields.get("subject", "").removeprefix("[PATCH] ")
+        check_no_nul("import", text)
+        fields, body, diff_text = split_mail("import", text, plain=True)
+        subject = header.subject or mail_subject(fields.get("subject", ""))
         if not subject:
             raise InputError("the diff has no Subject: give --subject")
-        files = parse_diff("import", diff_text)
+        files = parse_diff("import", diff_text, plain=True)
         paths = [f.path for f in files]
         before = self._before(len(self.series.patches), paths)
-        probe = parse_patch("import", f"Subject: {subject}\n\n{diff_text}".encode())
+        probe = Patch("import", subject, "", "", "", (), files, "", b"")
         analysis = analyze([probe], {p: before.get(p) for p in paths})
         if not analysis.consistent or analysis.applied:
-            problems = "; ".join(p for r in analysis.reports for p in r.problems()) or analysis.reports[0].state.value
-            raise PatchFailed(f"the diff does not apply uniquely on {self.series.pin.tag} plus the series: {problems}; "
-                              "re-export it with more context (git diff -U10), or apply it to a tree by hand and "
-                              "record it with 'vllm-patch new --from TREE'")
+            raise PatchFailed(f"the diff does not apply uniquely on {self.series.pin.tag} plus the series: "
+                              + self._why_not(probe, analysis, before))
         description = "\n\n".join(filter(None, [body.strip(), header.description]))
         name = patch_file_name(name) if name else next_name(self.series, subject)
-        full = Header(name, subject, header.author or fields.get("from", "") or "vllm-patch <vllm-patch@localhost>",
-                      header.date or fields.get("date", "") or formatdate(), description)
+        author = header.author or decode_header(fields.get("from", "")) or "vllm-patch <vllm-patch@localhost>"
+        full = Header(name, subject, author, header.date or fields.get("date", "") or formatdate(), description)
         text = self._text({p: before.get(p) for p in paths}, {p: analysis.patched.get(p) for p in paths}, full,
                           unique, {f.path: f.mode for f in files})
         self._append(name, text)
         return Authored(name, True, text, [])
+
+    def _why_not(self, probe: Patch, analysis: Analysis, before: Contents) -> str:
+        """Why an imported diff does not apply, and the way forward for each kind of failure:
+        more context helps an ambiguous anchor, never one that is gone."""
+        hunks = {(f.path, h.index): h for f in probe.files for h in f.hunks}
+        reports = [h for r in analysis.reports for h in r.hunks]
+        gone, problems = False, []
+        for h in reports:
+            if h.state is HunkState.AMBIGUOUS:
+                problems.append(h.describe())
+            elif h.state is HunkState.CONFLICT:
+                gone = gone or not h.reason
+                problems.append(h.describe() if h.reason else self._gone(h, hunks[(h.path, h.index)], before))
+        if not problems:
+            problems = [analysis.reports[0].state.value]
+        if gone or not any(h.state is HunkState.AMBIGUOUS for h in reports):
+            advice = (f"the diff was made against other sources: rebase it onto {self.series.pin.tag} plus the "
+                      "series, or apply it to such a tree by hand and record it with 'vllm-patch new --from TREE'")
+        else:
+            advice = ("re-export it with more context (git diff -U10), or apply it to a tree by hand and record it "
+                      "with 'vllm-patch new --from TREE'")
+        return "; ".join(problems) + "; " + advice
+
+    def _gone(self, report: HunkReport, hunk: Hunk, before: Contents) -> str:
+        where = f"{report.path} hunk {report.index} (@@ -{report.hint})"
+        lines = decode(report.path, before.get(report.path)) or []
+        near = nearest_block(lines, hunk.pre)
+        if near is None:
+            return f"{where}: its anchor is gone: none of its {len(hunk.pre)} context and removed lines are there " \
+                   "as a block, and no similar text either"
+        at, ratio = near
+        diff = next(((k, line) for k, line in enumerate(lines[at:at + len(hunk.pre)]) if line != hunk.pre[k]),
+                    None)
+        detail = f"; line {at + 1 + diff[0]} there reads {diff[1].rstrip(chr(10))!r} where the diff expects " \
+                 f"{hunk.pre[diff[0]].rstrip(chr(10))!r}" if diff else ""
+        return f"{where}: its anchor is gone; the nearest similar text ({ratio:.0%} alike) starts at line " \
+               f"{at + 1}{detail}"
 
     def _later_notes(self, index: int, name: str, text: str) -> list[str]:
         patches = list(self.series.patches)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
+import traceback
 from pathlib import Path
 
 import click
@@ -16,6 +18,8 @@ from .series import Series, find_series_root, load_series
 from .targets import KINDS, open_target
 from .targets.base import Target
 from .upstream import pinned_base_tree
+
+DEBUG_ENV = "VLLM_PATCH_DEBUG"
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -52,6 +56,18 @@ def handle_errors(fn):
         except KeyboardInterrupt:
             err.print("interrupted: any partial write was rolled back", markup=False)
             sys.exit(130)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the last resort: one line, never a traceback
+            message = " ".join(f"unexpected {type(exc).__name__}: {exc}".split())
+            if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+                traceback.print_exc()
+            else:
+                message += f" (a bug in vllm-patch; {DEBUG_ENV}=1 shows the traceback)"
+            if as_json:
+                report.print_json({"error": message, "exit_code": EXIT_USAGE})
+            err.print(f"error: {message}", markup=False)
+            sys.exit(EXIT_USAGE)
     return wrapper
 
 
@@ -77,6 +93,10 @@ def target_options(fn):
 def _open(target_spec: str | None, python: str | None, kind: str) -> Target:
     if not target_spec and not python:
         raise click.UsageError("give --target PATH (or 'site-packages') or --python EXE")
+    if target_spec and python:
+        raise click.UsageError("give --target or --python, not both (--python EXE means EXE's site-packages)")
+    if python and kind not in ("auto", "site-packages"):
+        raise click.UsageError(f"--python EXE acts on an installed vLLM: --kind {kind} does not go with it")
     return open_target(target_spec or "", kind, python)
 
 
@@ -91,7 +111,24 @@ def _waiting() -> None:
     err.print("waiting for another vllm-patch run on this target to finish...")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def _series_after_command(ctx: click.Context, param: click.Parameter, value: Path | None) -> None:
+    if value is not None:
+        ctx.ensure_object(dict)["series_dir"] = value
+
+
+class SeriesGroup(click.Group):
+    """The command group; every subcommand also takes ``--series DIR`` after its name."""
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        if not any(getattr(p, "name", None) == "series_after" for p in cmd.params):
+            cmd.params.append(click.Option(
+                ["--series", "series_after"], type=click.Path(file_okay=False, path_type=Path),
+                expose_value=False, is_eager=True, callback=_series_after_command,
+                help="Directory holding 'series' and 'patches/' (as before the command)."))
+        super().add_command(cmd, name)
+
+
+@click.group(cls=SeriesGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--series", "series_dir", type=click.Path(file_okay=False, path_type=Path),
               envvar="VLLM_PATCH_SERIES", help="Directory holding 'series' and 'patches/'.")
 @click.version_option(__version__, prog_name="vllm-patch")
@@ -209,7 +246,14 @@ def build_wheel_cmd(ctx: click.Context, source: Path | None, out_dir: Path, as_j
 
 @main.command()
 @click.argument("tag", required=False)
-@click.option("--continue", "resume", is_flag=True, help="Go on after resolving a conflict by hand.")
+@click.option("--continue", "resume", is_flag=True, help="Go on after resolving a conflict by hand (the resolution is "
+              "checked, then the stopped patch is regenerated from it).")
+@click.option("--skip", is_flag=True, help="Drop the stopped patch (logged in dropped-patches) and go on.")
+@click.option("--drop", "drops", multiple=True, metavar="NAME", help="Drop patch NAME, logged with --reason: with "
+              "TAG, before the rebase runs (repeatable); alone, the stopped patch.")
+@click.option("--reason", help="Why the patches given with --drop or --skip are dropped (kept in dropped-patches).")
+@click.option("--allow-new-file", "allow_new", multiple=True, metavar="PATH",
+              help="With --continue: accept a resolution that creates PATH although the new base has no such file.")
 @click.option("--abort", is_flag=True, help="Forget a stopped rebase; the series stays as it was.")
 @click.option("--repo", metavar="PATH|URL", help="Take both trees from this git checkout or URL (default: the "
               "PyPI sdists of the releases).")
@@ -217,15 +261,22 @@ def build_wheel_cmd(ctx: click.Context, source: Path | None, out_dir: Path, as_j
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.pass_context
 @handle_errors
-def rebase(ctx: click.Context, tag: str | None, resume: bool, abort: bool, repo: str | None,
-           show_range_diff: bool, as_json: bool) -> None:
-    """Rebase the series onto TAG (e.g. v0.21.0): clean, upstreamed (dropped), merged, or conflict."""
+def rebase(ctx: click.Context, tag: str | None, resume: bool, skip: bool, drops: tuple[str, ...], reason: str | None,
+           allow_new: tuple[str, ...], abort: bool, repo: str | None, show_range_diff: bool, as_json: bool) -> None:
+    """Rebase the series onto TAG (e.g. v0.21.0): clean, merged, upstreamed or obsolete (dropped), or conflict."""
     from .rebase import RebaseConflict, Rebaser
     from .transaction import Journal, recover
     from .upstream_trees import UpstreamCache, get_tree
 
-    if sum(map(bool, (tag, resume, abort))) != 1:
-        raise click.UsageError("give a TAG, or --continue, or --abort")
+    stopped_drop = bool(drops) and not tag
+    if sum(map(bool, (tag, resume, abort, skip, stopped_drop))) != 1:
+        raise click.UsageError("give a TAG, or --continue, --skip, --drop NAME, or --abort")
+    if drops and not reason:
+        raise click.UsageError("--drop needs --reason TEXT (it is kept in dropped-patches)")
+    if stopped_drop and len(drops) > 1:
+        raise click.UsageError("while a rebase is stopped, --drop names the stopped patch only")
+    if allow_new and not resume:
+        raise click.UsageError("--allow-new-file goes with --continue")
     root = Path(ctx.obj.get("series_dir") or find_series_root())
     recovered = recover(Journal(root, root / ".vllm-patch-journal"))
     if recovered:
@@ -238,17 +289,64 @@ def rebase(ctx: click.Context, tag: str | None, resume: bool, abort: bool, repo:
         out.print("rebase aborted; the series is as it was" if done else "no rebase in progress")
         return
     try:
-        if resume:
-            result = rebaser.resume()
+        if resume or skip or stopped_drop:
+            result = rebaser.resume(allow_new, skip, drops[0] if stopped_drop else None, reason)
         else:
             old = get_tree(series.pin.tag, repo, quiet=as_json, cache=cache)
             new = get_tree(tag or "", repo, quiet=as_json, cache=cache)
-            result = rebaser.start(tag or "", old, new)
+            result = rebaser.start(tag or "", old, new, {name: reason or "" for name in drops})
     except RebaseConflict as exc:
         report.print_rebase(exc.result, out, as_json, show_range_diff, error=exc.message)
         err.print(f"error: {exc.message}", markup=False)
         sys.exit(exc.exit_code)
     report.print_rebase(result, out, as_json, show_range_diff)
+
+
+@main.command()
+@click.option("--releases", metavar="A,B,...", help="Only these releases (e.g. 0.21.0,v0.33.0).")
+@click.option("--to", "to_tag", metavar="TAG", help="The pinned release and every newer one up to TAG.")
+@click.option("--repo", metavar="PATH|URL", help="Take the trees from this git checkout or URL (tags vX.Y.Z) "
+              "instead of the PyPI sdists.")
+@click.option("--markdown", "markdown", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+              help="Also write the report as Markdown to FILE ('-': print it instead of the table).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.pass_context
+@handle_errors
+def outlook(ctx: click.Context, releases: str | None, to_tag: str | None, repo: str | None, markdown: Path | None,
+            as_json: bool) -> None:
+    """Each patch's fate on the pinned release and every newer one: stacked and alone.
+
+    Nothing in the series changes. Exit 0 whatever the fates are; 2 on bad input.
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from . import outlook as outlook_mod
+
+    if releases and to_tag:
+        raise click.UsageError("give --releases or --to, not both")
+    root = Path(ctx.obj.get("series_dir") or find_series_root())
+    series = load_series(root)
+    quiet = as_json or str(markdown) == "-"
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=err,
+                  transient=True, disable=quiet) as progress:
+        task = progress.add_task("outlook", total=None)
+
+        def step(done: int, total: int, what: str) -> None:
+            progress.update(task, completed=done, total=total, description=what)
+
+        result = operations.outlook(series, [r for r in (releases or "").split(",") if r.strip()] or None,
+                                    to_tag, repo, quiet, step, root)
+    text = outlook_mod.to_markdown(result) if markdown else None
+    if markdown and str(markdown) != "-":
+        outlook_mod.write_report(markdown, text or "")
+    if as_json:
+        report.print_json(outlook_mod.to_dict(result))
+    elif str(markdown) == "-":
+        print(text, end="")
+    else:
+        outlook_mod.print_outlook(result, out)
+        if markdown:
+            out.print(f"wrote {markdown}")
 
 
 def _author(ctx: click.Context, upstream: str | None, quiet: bool):

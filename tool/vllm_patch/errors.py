@@ -42,6 +42,10 @@ class DownloadError(VllmPatchError):
     """A download failed or its sha256 did not match."""
 
 
+class UpstreamError(VllmPatchError):
+    """git failed on the upstream cache repository, or a 3-way merge could not run."""
+
+
 class PatchFailed(VllmPatchError):
     """At least one patch is ambiguous, conflicting or partially applied."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .engine import Analysis, Contents, analyze, created_modes, touched
 from .errors import PatchFailed
@@ -180,6 +181,17 @@ def check(base: Target, series: Series, force: bool = False) -> Outcome:
                              "(a post-image is not unique): status and revert would fail")
         return _fail(outcome)
     return outcome
+
+
+def outlook(series: Series, releases: list[str] | None = None, to: str | None = None, repo: str | None = None,
+            quiet: bool = False, progress: Callable[[int, int, str], None] | None = None, root: Path | None = None):
+    """Each patch's fate on the pinned release and newer ones (see `outlook.build_outlook`);
+    reads the upstream cache and the index, writes nothing of the series. `root` (the
+    series' project) runs the ``Obsolete-If: test ...`` checks."""
+    from .outlook import build_outlook
+    from .upstream_trees import UpstreamCache
+
+    return build_outlook(series, UpstreamCache(), releases, to, repo, quiet, progress, root)
 
 
 class PatchFailedWith(PatchFailed):

@@ -101,7 +101,7 @@ class Patch:
                      self.trailers, files, self.sha256, self.raw)
 
 
-def _decode_header(value: str) -> str:
+def decode_header(value: str) -> str:
     """RFC 2047 words decoded; an unknown or wrong charset keeps the raw text."""
     try:
         parts = email.header.decode_header(value)
@@ -110,10 +110,31 @@ def _decode_header(value: str) -> str:
         return value
 
 
-def split_mail(name: str, text: str) -> tuple[dict[str, str], str, str]:
-    """Split a format-patch mail into header fields, message body and diff text."""
+def mail_subject(value: str) -> str:
+    """A mail's Subject as a patch subject: RFC 2047 words decoded and the ``[PATCH ...]``
+    tag that ``git format-patch`` puts first (``[PATCH]``, ``[PATCH 2/5]``, ``[PATCH v2]``) dropped.
+    The one rule for the series' patches and for imported mails."""
+    return re.sub(r"^\[PATCH[^\]]*\]\s*", "", decode_header(value).strip())
+
+
+def _plain_diff_start(lines: list[str]) -> int | None:
+    """Where a unified diff without git headers starts: a ``--- ``/``+++ ``/``@@`` triple,
+    with the ``Index:``/``====`` lines quilt and svn put before it."""
+    for i in range(len(lines) - 2):
+        if lines[i].startswith("--- ") and lines[i + 1].startswith("+++ ") and lines[i + 2].startswith("@@"):
+            while i and (lines[i - 1].startswith("Index: ") or set(lines[i - 1].rstrip("\r\n")) == {"="}):
+                i -= 1
+            return i
+    return None
+
+
+def split_mail(name: str, text: str, plain: bool = False) -> tuple[dict[str, str], str, str]:
+    """Split a format-patch mail into header fields, message body and diff text.
+    `plain`: also take a unified diff without ``diff --git`` lines (quilt, ``diff -ruN``)."""
     lines = split_lines(text)
     start = next((i for i, line in enumerate(lines) if line.startswith("diff --git ")), None)
+    if start is None and plain:
+        start = _plain_diff_start(lines)
     if start is None:
         if any(line.startswith(("--- ", "+++ ", "@@ ")) for line in lines):
             raise InputError(f"{name}: diffs must be in git format ('diff --git a/... b/...' lines)")
@@ -166,6 +187,8 @@ def check_path(name: str, path: str) -> str:
     parts = PurePosixPath(path).parts
     if any(p in ("..", ".") for p in parts) or path.startswith("./"):
         raise InputError(f"{name}: unsafe path {path!r} ('..' or '.' component)")
+    if any(p.lower() == ".git" for p in parts):
+        raise InputError(f"{name}: unsafe path {path!r} (inside a '.git' directory)")
     return str(PurePosixPath(path))
 
 
@@ -173,6 +196,20 @@ def _strip_prefix(path: str, prefix: str) -> str:
     if path.startswith('"'):
         raise InputError(f"quoted path {path!r} is not supported")
     return path[len(prefix):] if path.startswith(prefix) else path
+
+
+def _strip_p1(path: str) -> str:
+    """A plain diff's path with its first component dropped, as ``patch -p1`` and ``git apply`` do."""
+    if path.startswith('"'):
+        raise InputError(f"quoted path {path!r} is not supported")
+    if path.startswith("/") or "/" not in path:
+        raise InputError(f"unsafe path {path!r} (no leading directory to strip, as with patch -p1)")
+    return path.split("/", 1)[1]
+
+
+def _epoch(timestamp: str | None) -> bool:
+    """``diff -N`` dates a missing file at the epoch."""
+    return bool(timestamp) and timestamp.startswith(("1970-01-01", "1969-12-31"))
 
 
 def _validate_raw_hunks(name: str, diff_text: str) -> None:
@@ -237,8 +274,10 @@ def _check_blob(name: str, path: str, kind: FileKind, hunks: tuple[Hunk, ...], i
                          "(truncated or hand-edited patch?)")
 
 
-def parse_diff(name: str, diff_text: str) -> tuple[FileDiff, ...]:
-    """Parse the diff part of a patch with unidiff, strictly."""
+def parse_diff(name: str, diff_text: str, plain: bool = False) -> tuple[FileDiff, ...]:
+    """Parse the diff part of a patch with unidiff, strictly. `plain`: a file's diff may lack
+    git's headers (then paths lose their first component, p1, and new or deleted files are
+    those on ``/dev/null`` or dated at the epoch by ``diff -N``)."""
     _validate_raw_hunks(name, diff_text)
     try:
         patchset = PatchSet(split_lines(diff_text))
@@ -254,20 +293,28 @@ def parse_diff(name: str, diff_text: str) -> tuple[FileDiff, ...]:
     for pf in patchset:
         if pf.is_binary_file:
             raise InputError(f"{name}: binary diffs are not supported ({pf.path})")
-        if pf.is_rename:
+        if pf.is_rename and str(pf.patch_info or "").startswith("diff --git "):
             raise InputError(f"{name}: renames are not supported ({pf.path})")
+        info = str(pf.patch_info or "")
+        git_style = info.startswith("diff --git ")
+        if not git_style and not plain:
+            raise InputError(f"{name}: diffs must be in git format ('diff --git a/... b/...' lines)")
+        strip = (lambda p: _strip_prefix(p, "a/")) if git_style else _strip_p1
         try:
-            source = _strip_prefix(pf.source_file, "a/") if pf.source_file else None
-            target = _strip_prefix(pf.target_file, "b/") if pf.target_file else None
+            source = strip(pf.source_file) if pf.source_file and pf.source_file != "/dev/null" else None
+            target = (_strip_prefix(pf.target_file, "b/") if git_style else _strip_p1(pf.target_file)) \
+                if pf.target_file and pf.target_file != "/dev/null" else None
         except InputError as exc:
             raise InputError(f"{name}: {exc.message}") from None
         # The kind comes from git's headers: unidiff also calls a hunk that fills an
         # empty file "added" and one that empties a file "removed".
-        info = str(pf.patch_info or "")
-        if re.search(r"^new file mode ", info, flags=re.M) or pf.source_file == "/dev/null":
+        whole = len(pf) == 1
+        epoch_add = not git_style and whole and pf[0].source_length == 0 and _epoch(pf.source_timestamp)
+        epoch_del = not git_style and whole and pf[0].target_length == 0 and _epoch(pf.target_timestamp)
+        if re.search(r"^new file mode ", info, flags=re.M) or pf.source_file == "/dev/null" or epoch_add:
             kind: FileKind = "add"
             path = target or pf.path
-        elif re.search(r"^deleted file mode ", info, flags=re.M) or pf.target_file == "/dev/null":
+        elif re.search(r"^deleted file mode ", info, flags=re.M) or pf.target_file == "/dev/null" or epoch_del:
             kind = "delete"
             path = source or pf.path
         else:
@@ -289,7 +336,7 @@ def parse_diff(name: str, diff_text: str) -> tuple[FileDiff, ...]:
             if kind == "add" and h.pre or kind == "delete" and h.post:
                 raise InputError(f"{name}: {path}: hunk {h.index} does not match its file's "
                                  "new/deleted header")
-        if kind != "modify":
+        if kind != "modify" and (git_style or re.search(r"^index ", info, flags=re.M)):
             _check_blob(name, path, kind, hunks, info)
         mode = 0o644
         m = re.search(r"^(?:new|deleted) file mode (\d+)$", info, flags=re.M)
@@ -301,6 +348,14 @@ def parse_diff(name: str, diff_text: str) -> tuple[FileDiff, ...]:
     return tuple(files)
 
 
+def check_no_nul(name: str, text: str) -> None:
+    """A NUL byte is binary data, never source: refuse the patch, wherever it sits."""
+    at = text.find("\x00")
+    if at >= 0:
+        line = text.count("\n", 0, at) + 1
+        raise InputError(f"{name}: NUL byte on line {line}: binary data in a patch is not supported")
+
+
 def parse_patch(name: str, data: bytes) -> Patch:
     """Parse a patch file's bytes."""
     if not data.strip():
@@ -309,14 +364,15 @@ def parse_patch(name: str, data: bytes) -> Patch:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InputError(f"{name}: not UTF-8 (byte {exc.start})") from None
+    check_no_nul(name, text)
     fields, description, diff_text = split_mail(name, text)
-    subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", _decode_header(fields.get("subject", "")))
+    subject = mail_subject(fields.get("subject", ""))
     if not subject:
         raise InputError(f"{name}: no 'Subject:' header")
     return Patch(
         name=name,
         subject=subject,
-        author=_decode_header(fields.get("from", "")),
+        author=decode_header(fields.get("from", "")),
         date=fields.get("date", ""),
         description=description,
         trailers=parse_trailers(description),

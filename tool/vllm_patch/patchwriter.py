@@ -6,16 +6,30 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from email.utils import parseaddr
 from pathlib import Path
 
+import git
+
 from .engine import Contents, analyze
-from .errors import PatchFailed
+from .errors import PatchFailed, UpstreamError
 from .patchfile import Patch, parse_patch
 from .upstream_trees import UpstreamCache
 
 MAX_CONTEXT = 40
+
+
+@contextmanager
+def git_errors(what: str) -> Iterator[None]:
+    """A failed git command as a one-line UpstreamError naming what was being done."""
+    try:
+        yield
+    except git.GitCommandError as exc:
+        detail = " ".join(str(exc.stderr or exc).split()) or f"exit status {exc.status}"
+        raise UpstreamError(f"git failed while {what}: {detail}") from None
 
 
 @dataclass(frozen=True)
@@ -44,6 +58,11 @@ class PatchWriter:
     def commit(self, contents: Contents, message: str, author: str = "", date: str = "",
                modes: dict[str, int] | None = None) -> str:
         """A commit of `contents` on the current parent, which it becomes."""
+        with git_errors(f"recording {message.splitlines()[0] if message else 'a patch'!r} in {self.cache.path}"):
+            return self._commit(contents, message, author, date, modes)
+
+    def _commit(self, contents: Contents, message: str, author: str, date: str,
+                modes: dict[str, int] | None) -> str:
         fd, index = tempfile.mkstemp(prefix="index-", dir=self.cache.path)
         os.close(fd)
         os.unlink(index)
@@ -52,7 +71,11 @@ class PatchWriter:
             self.repo.git.read_tree(self.parent, env=env)
             for rel, data in contents.items():
                 if data is None:
-                    self.repo.git.update_index("--force-remove", "--", rel, env=env)
+                    # Mode 0 drops the entry; --force-remove would want a work tree, which the cache lacks.
+                    with tempfile.TemporaryFile() as tmp:
+                        tmp.write(f"0 {'0' * 40}\t{rel}\n".encode())
+                        tmp.seek(0)
+                        self.repo.git.update_index("--index-info", istream=tmp, env=env)
                     continue
                 with tempfile.TemporaryFile() as tmp:
                     tmp.write(data)
@@ -78,6 +101,10 @@ class PatchWriter:
         return self.format(self.commit(contents, message, header.author, header.date, modes), header.name, widen)
 
     def format(self, commit_id: str, name: str, widen: bool = True) -> str:
+        with git_errors(f"formatting {name} in {self.cache.path}"):
+            return self._format(commit_id, name, widen)
+
+    def _format(self, commit_id: str, name: str, widen: bool) -> str:
         base = self.repo.git.rev_parse(f"{commit_id}^")
         contents = None
         for context in range(3, MAX_CONTEXT + 1 if widen else 4):

@@ -12,7 +12,9 @@ import hashlib
 import io
 from dataclasses import dataclass
 
-from installer.records import Hash, RecordEntry, parse_record_file
+from installer.records import Hash, InvalidRecordEntry, RecordEntry, parse_record_file
+
+from .errors import TargetError
 
 
 def record_hash(data: bytes) -> str:
@@ -50,25 +52,41 @@ def entry_of(line: str) -> RecordEntry | None:
     try:
         path, hash_, size = next(iter(parse_record_file([line])))
         return RecordEntry.from_elements(path, hash_, size)
-    except (ValueError, StopIteration, csv.Error):
+    except (ValueError, StopIteration, csv.Error, InvalidRecordEntry):
         return None
+
+
+def entry_at(lines: list[str], number: int, where: str) -> RecordEntry:
+    """The entry on line `number` (0-based) of the RECORD `where`; a malformed line is a TargetError."""
+    entry = entry_of(lines[number])
+    if entry is None:
+        raise TargetError(f"{where} line {number + 1} is malformed ({lines[number][:80]!r}); "
+                          "reinstall vLLM to get a sound RECORD")
+    return entry
 
 
 def index(lines: list[str]) -> dict[str, int]:
     """Path -> line number, read with one csv pass (RECORDs list thousands of files)."""
-    return {row[0]: i for i, row in enumerate(csv.reader(lines)) if len(row) == 3}
+    try:
+        return {row[0]: i for i, row in enumerate(csv.reader(lines)) if len(row) == 3}
+    except csv.Error as exc:
+        raise TargetError(f"a RECORD is not valid CSV ({exc}); reinstall vLLM to get a sound RECORD") from None
 
 
-def entries(lines: list[str], paths: list[str] | None = None) -> dict[str, tuple[int, RecordEntry]]:
-    """Path -> (line number, entry) for `paths` (default: every line)."""
+def entries(lines: list[str], paths: list[str] | None = None,
+            where: str = "RECORD") -> dict[str, tuple[int, RecordEntry]]:
+    """Path -> (line number, entry) for `paths` (default: every line); a malformed
+    line among them is a TargetError naming `where` and the line."""
     at = index(lines)
-    out = {}
-    for path in at if paths is None else paths:
-        if path in at:
-            entry = entry_of(lines[at[path]])
-            if entry is not None:
-                out[path] = (at[path], entry)
-    return out
+    return {path: (at[path], entry_at(lines, at[path], where)) for path in (at if paths is None else paths)
+            if path in at}
+
+
+def line_of(entry: RecordEntry) -> str:
+    """`entry` as one RECORD line (csv quoting as pip writes it, no terminator)."""
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="").writerow(entry.to_row())
+    return buf.getvalue()
 
 
 def make_line(path: str, data: bytes | None) -> str:
@@ -78,11 +96,9 @@ def make_line(path: str, data: bytes | None) -> str:
     else:
         name, _, value = record_hash(data).partition("=")
         entry = RecordEntry(path, Hash(name, value), len(data))
-    buf = io.StringIO()
-    csv.writer(buf, lineterminator="").writerow(entry.to_row())
-    return buf.getvalue()
+    return line_of(entry)
 
 
 def matches(entry: RecordEntry, data: bytes) -> bool:
     """True when `data` has the hash and size the entry records."""
-    return entry.validate(data)
+    return entry.validate_stream(io.BytesIO(data))

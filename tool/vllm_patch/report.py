@@ -18,6 +18,21 @@ STYLE = {
 }
 
 DONE_WORDS = {"apply": "applied", "revert": "reverted"}
+WOULD_WORDS = {"apply": "would apply", "revert": "would revert"}
+# Columns holding names and paths never lose a character: they fold in a narrow terminal.
+WHOLE = {"overflow": "fold"}
+WIDEST = 400
+
+
+def print_table(table: Table, console: Console) -> None:
+    """Print `table` without cutting patch names or paths: in a terminal, long ones fold onto
+    more lines; elsewhere (pipes, CI logs, which rich takes as 80 columns) the table is as wide
+    as it needs, up to WIDEST columns."""
+    if not console.is_terminal:
+        wanted = console.measure(table, options=console.options.update_width(WIDEST)).maximum
+        if wanted > console.width:
+            console = Console(file=console.file, width=min(wanted, WIDEST), highlight=False)
+    console.print(table)
 
 
 def outcome_dict(outcome: Outcome) -> dict[str, Any]:
@@ -62,8 +77,9 @@ def verdict_line(outcome: Outcome) -> str:
             if outcome.action in ("apply", "revert") else f"[red]FAILED[/]: {outcome.action} on {outcome.target}"
     if outcome.action in DONE_WORDS:
         would = "would change" if outcome.dry_run else "changed"
+        done = (WOULD_WORDS if outcome.dry_run else DONE_WORDS)[outcome.action]
         files = f"{len(outcome.changed)} files" if outcome.changed else "no file"
-        return f"[green]OK[/]: {DONE_WORDS[outcome.action]} {n} patches on {outcome.target} " \
+        return f"[green]OK[/]: {done} {n} patches on {outcome.target} " \
                f"({would} {files})" if outcome.changed else \
                f"[green]OK[/]: nothing to do, {outcome.verdict} ({n} patches)"
     if outcome.action == "check":
@@ -86,17 +102,17 @@ def print_outcome(outcome: Outcome, console: Console) -> None:
     title = f"{outcome.action}{' --dry-run' if outcome.dry_run else ''}: {outcome.target}"
     table = Table(title=title, title_justify="left")
     table.add_column("#", justify="right")
-    table.add_column("patch")
+    table.add_column("patch", **WHOLE)
     table.add_column("state")
-    table.add_column("detail")
+    table.add_column("detail", overflow="fold")
     for i, report in enumerate(outcome.analysis.reports, 1):
         detail = "\n".join(report.problems())
         state = f"[{STYLE[report.state]}]{report.state.value}[/]"
         after = _after(outcome, report.state)
         if after:
-            state += f" -> [{STYLE[after]}]{after.value}[/]"
+            state += f" -> {'would be ' if outcome.dry_run else ''}[{STYLE[after]}]{after.value}[/]"
         table.add_row(str(i), report.name, state, detail)
-    console.print(table)
+    print_table(table, console)
     if outcome.found:
         f = outcome.found
         console.print(f"vLLM found: {f.version or '?'} commit {f.commit or '?'} ({f.source})")
@@ -115,11 +131,14 @@ def print_series(series: Series, console: Console) -> None:
     console.print(f"  sdist {pin.sdist.filename} sha256:{pin.sdist.sha256}")
     console.print(f"  wheel {pin.wheel.filename} sha256:{pin.wheel.sha256}")
     table = Table(title=f"series {series.digest}: {len(series.patches)} patches", title_justify="left")
-    for col in ("#", "patch", "subject", "origin", "files"):
-        table.add_column(col)
+    table.add_column("#", justify="right")
+    table.add_column("patch", **WHOLE)
+    table.add_column("subject", max_width=48)
+    table.add_column("origin", max_width=56, overflow="fold")
+    table.add_column("files", **WHOLE)
     for i, p in enumerate(series.patches, 1):
         table.add_row(str(i), p.name, p.subject, p.trailer("Origin") or "", "\n".join(p.paths))
-    console.print(table)
+    print_table(table, console)
 
 
 def series_dict(series: Series) -> dict[str, Any]:
@@ -143,10 +162,14 @@ def print_rebase(result, console: Console, as_json: bool, show_range_diff: bool,
             "pin": {"version": result.pin.version, "commit": result.pin.commit} if result.pin else None,
             "work_dir": str(result.work_dir) if result.work_dir else None,
             "patches": [{"name": o.name, "step": o.step.value, "files": o.files, "conflicts": o.conflicts,
-                         "note": o.note, "range_diff": o.range_diff} for o in result.outcomes],
+                         "note": o.note, "range_diff": o.range_diff, "moved": getattr(o, "moved", {}),
+                         "gone": getattr(o, "gone", []), "regions": getattr(o, "regions", 0),
+                         "problems": getattr(o, "problems", [])} for o in result.outcomes],
+            "notes": getattr(result, "notes", []),
         })
         return
-    styles = {"clean": "green", "upstreamed": "cyan", "merged": "yellow", "conflict": "red"}
+    styles = {"clean": "green", "upstreamed": "cyan", "merged": "yellow", "conflict": "red", "obsolete": "magenta",
+              "dropped": "magenta"}
     table = Table(title=f"rebase onto {result.tag}", title_justify="left")
     for col in ("#", "patch", "result", "detail"):
         table.add_column(col)
@@ -156,12 +179,20 @@ def print_rebase(result, console: Console, as_json: bool, show_range_diff: bool,
             detail = (detail + "; " if detail else "") + "review it"
         if o.step.value == "upstreamed":
             detail = "dropped, logged in dropped-patches"
+        if o.step.value in ("obsolete", "dropped"):
+            detail = f"dropped ({o.note}), logged in dropped-patches"
+        if getattr(o, "problems", None):
+            detail = "; ".join(o.problems[:5])
+        if getattr(o, "gone", None):
+            detail = "deleted upstream: " + ", ".join(o.gone) + (f"; {detail}" if detail else "")
         table.add_row(str(i), o.name, f"[{styles[o.step.value]}]{o.step.value}[/]", detail)
     console.print(table)
     for o in result.outcomes:
         if o.range_diff and (show_range_diff or o.step.value == "merged"):
             console.print(f"[bold]range-diff {o.name}[/]")
             console.print(o.range_diff, markup=False, highlight=False)
+    for note in getattr(result, "notes", []):
+        console.print(f"note: {note}", markup=False)
     if result.done and result.pin:
         console.print(f"[green]OK[/]: rebased onto {result.pin.tag} ({result.pin.version}, commit "
                       f"{result.pin.commit[:12]}); series and patches rewritten")

@@ -4,7 +4,10 @@ Protocol: back up every file to change into a journal directory, write the
 journal (its presence means "a write is in progress"), replace each file by
 writing a temporary file beside it and renaming it into place, then remove
 the journal. After a crash, `recover` finishes the run when every file
-already has its new contents, and otherwise restores every backup.
+already has its new contents, and otherwise restores every backup; either
+way it removes the temporary files a kill left beside the files (a SIGKILL
+between a temporary file's write and its rename leaves one), so the target
+holds exactly the old or exactly the new bytes and nothing else.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ from .errors import TargetError
 
 JOURNAL_FILE = "journal.json"
 FAULT_ENV = "VLLM_PATCH_FAULT_AFTER_WRITES"
+# Test hook: SIGKILL once the Nth temporary file of the write phase is written, before its rename.
+FAULT_TMP_ENV = "VLLM_PATCH_FAULT_BEFORE_RENAME"
+TMP_SUFFIX = ".vllm-patch-tmp"
 
 
 def sha256(data: bytes | None) -> str | None:
@@ -68,9 +74,15 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
+def temporary_of(path: Path) -> Path:
+    """The temporary file `atomic_write` writes beside `path`."""
+    return path.with_name(f".{path.name}{TMP_SUFFIX}")
+
+
+def atomic_write(path: Path, data: bytes, mode: int | None = None,
+                 before_rename: Callable[[], None] | None = None) -> None:
     """Write `data` to a temporary file beside `path`, then rename it into place."""
-    tmp = path.with_name(f".{path.name}.vllm-patch-tmp")
+    tmp = temporary_of(path)
     if mode is None:
         mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o644
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
@@ -80,6 +92,8 @@ def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, mode)
+        if before_rename is not None:
+            before_rename()
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -139,9 +153,9 @@ class Journal:
                               f"{self.directory}") from None
 
 
-def _fault_countdown() -> Callable[[], None]:
-    """A test hook: SIGKILL this process after N file writes, to prove recovery."""
-    left = int(os.environ.get(FAULT_ENV, "0") or 0)
+def _fault_countdown(env: str = FAULT_ENV) -> Callable[[], None]:
+    """A test hook: SIGKILL this process at the Nth call (N from `env`), to prove recovery."""
+    left = int(os.environ.get(env, "0") or 0)
 
     def tick() -> None:
         nonlocal left
@@ -193,7 +207,7 @@ def commit(journal: Journal, changes: Mapping[str, bytes | None],
     except BaseException:
         shutil.rmtree(journal.directory, ignore_errors=True)
         raise
-    tick = _fault_countdown()
+    tick, tick_tmp = _fault_countdown(), _fault_countdown(FAULT_TMP_ENV)
     try:
         for entry in entries:
             rel = entry["path"]
@@ -204,8 +218,10 @@ def commit(journal: Journal, changes: Mapping[str, bytes | None],
             else:
                 for d in reversed(entry["created_dirs"]):
                     (root / d).mkdir(exist_ok=True)
-                atomic_write(path, data, entry["mode"] if entry["mode"] is not None else entry["new_mode"])
+                atomic_write(path, data, entry["mode"] if entry["mode"] is not None else entry["new_mode"],
+                             before_rename=tick_tmp)
             tick()
+        _prune(root, entries)
         if finish is not None:
             finish(extra or {})
     except BaseException:
@@ -215,12 +231,40 @@ def commit(journal: Journal, changes: Mapping[str, bytes | None],
         finally:
             rollback(journal)
         raise
+    _close(journal)
+
+
+def _close(journal: Journal) -> None:
+    """Remove the journal: its file first (the commit point), then the backups."""
+    journal.file.unlink()
     shutil.rmtree(journal.directory)
+
+
+def _prune(root: Path, entries: list[dict]) -> None:
+    """Remove the directories that deleting files left empty (a reverted patch's new package),
+    up to the first one still holding something; never `root` itself."""
+    for entry in entries:
+        if entry["after"] is not None:
+            continue
+        parent = (root / entry["path"]).parent
+        while parent != root and root in parent.parents:
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+            parent = parent.parent
+
+
+def _remove_temporaries(journal: Journal, entries: list[dict]) -> None:
+    """Delete the temporary files a killed write phase left beside the journal's files."""
+    for entry in entries:
+        temporary_of(journal.root / entry["path"]).unlink(missing_ok=True)
 
 
 def rollback(journal: Journal) -> None:
     """Restore every file recorded in the journal to its contents before the run."""
     data = journal.load()
+    _remove_temporaries(journal, data["entries"])
     for entry in reversed(data["entries"]):
         path = journal.root / entry["path"]
         current = path.read_bytes() if path.is_file() else None
@@ -228,13 +272,14 @@ def rollback(journal: Journal) -> None:
             if entry["backup"] is None:
                 path.unlink(missing_ok=True)
             else:
+                path.parent.mkdir(parents=True, exist_ok=True)  # a deletion may have pruned it
                 atomic_write(path, (journal.directory / entry["backup"]).read_bytes(), entry["mode"])
         for d in entry["created_dirs"]:
             try:
                 (journal.root / d).rmdir()
             except OSError:
                 pass
-    shutil.rmtree(journal.directory)
+    _close(journal)
 
 
 def recover(journal: Journal, finish: Callable[[dict], None] | None = None,
@@ -243,19 +288,22 @@ def recover(journal: Journal, finish: Callable[[dict], None] | None = None,
     if not journal.directory.exists():
         return None
     if not journal.pending():
-        # Killed while backing up: no target file was touched yet.
+        # Killed while backing up (no target file was touched yet), or while removing
+        # the journal of a finished run: either way the files are whole.
         shutil.rmtree(journal.directory)
-        return "removed the journal of a run interrupted before it wrote anything"
+        return "removed the journal of an interrupted run (it had written nothing, or everything)"
     data = journal.load()
+    _remove_temporaries(journal, data["entries"])
     done = all(
         sha256((journal.root / e["path"]).read_bytes() if (journal.root / e["path"]).is_file() else None)
         == e["after"]
         for e in data["entries"]
     )
     if done:
+        _prune(journal.root, data["entries"])
         if finish is not None:
             finish(data.get("extra", {}))
-        shutil.rmtree(journal.directory)
+        _close(journal)
         return f"completed an interrupted run ({len(data['entries'])} files were already written)"
     if undo is not None:
         undo(data.get("extra", {}))

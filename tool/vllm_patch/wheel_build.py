@@ -3,31 +3,36 @@
 The series is applied to the wheel's members in memory; the result gets a PEP 440
 local version naming the series (``0.20.0+vp.<digest>``), a renamed dist-info, an
 updated METADATA, a regenerated RECORD and the applied patches' record. Members the
-series does not touch are copied byte for byte, compressed data included.
+series does not touch are copied byte for byte, compressed data included, with the
+hash the source RECORD gives them: so a source other than the sha256-pinned wheel has
+every member checked against its own RECORD (pypa/installer) before anything is written.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from installer.records import RecordEntry
+from installer.sources import WheelFile as SourceWheel
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
-from wheel.wheelfile import WheelError, WheelFile
 
-from . import __version__, record
+from . import record
 from .engine import Analysis, analyze, touched
 from .errors import DownloadError, InputError, PatchFailed, PinMismatch
 from .rawzip import can_copy_raw, copy_raw
 from .series import Series
-from .targets.site_packages import STATE_FILE
+from .state import STATE_FILE, AppliedState
 from .upstream import file_sha256
 
+# Members a source wheel may carry that cannot survive a rewrite: signatures of the old RECORD.
+SIGNATURES = ("RECORD.jws", "RECORD.p7s")
 
 @dataclass
 class BuiltWheel:
@@ -61,21 +66,6 @@ def output_name(source_name: str, version: str) -> str:
     return f"{name.replace('-', '_')}-{version}-{tags}.whl"
 
 
-def state_text(series: Series, originals: dict[str, str | None]) -> str:
-    return json.dumps({
-        "tool": f"vllm-patch {__version__}",
-        "patches": [{"name": p.name, "sha256": p.sha256, "text": p.raw.decode("utf-8")} for p in series.patches],
-        "record": originals,
-    }, indent=1, sort_keys=True) + "\n"
-
-
-def _hash_pair(line: str) -> tuple[str, str] | None:
-    entry = record.entry_of(line)
-    if entry is None or entry.hash_ is None:
-        return None
-    return entry.hash_.name, entry.hash_.value
-
-
 def verify_source(series: Series, source: Path, verified: bool = False) -> list[str]:
     """Refuse a wheel that is not the pinned one; notes for an unpinned platform."""
     pin = series.pin
@@ -97,84 +87,113 @@ def verify_source(series: Series, source: Path, verified: bool = False) -> list[
             "against its own RECORD only"]
 
 
+def _read_source(source: Path, zf: zipfile.ZipFile, check_contents: bool) -> tuple[str, list[str]]:
+    """The source's dist-info directory and RECORD lines, once pypa/installer has checked that
+    RECORD lists every member (and, with `check_contents`, that every member has its hash and size)."""
+    try:
+        wheel = SourceWheel(zf)
+        wheel.validate_record(validate_contents=check_contents)
+        dist_info = wheel.dist_info_dir
+    except ValueError as exc:  # installer's validation errors are ValueErrors carrying `issues`
+        issues = [str(i).replace(f"In {zf.filename}, ", "") for i in getattr(exc, "issues", None) or [exc]]
+        more = f" (and {len(issues) - 1} more)" if len(issues) > 1 else ""
+        raise InputError(f"{source.name}: corrupt wheel: {issues[0]}{more}; nothing was written") from None
+    text = zf.read(f"{dist_info}/RECORD").decode("utf-8")
+    return dist_info, record.parse_lines(text).lines
+
+
 def build_wheel(series: Series, source: Path, out_dir: Path, verified: bool = False) -> BuiltWheel:
     """Write the patched wheel into `out_dir`; nothing is written there on any error.
     `verified`: the caller has just checked the source's sha256 against the pin."""
     notes = verify_source(series, source, verified)
+    pinned = source.name == series.pin.wheel.filename  # its sha256 is checked: no need to hash every member
     version = local_version(series.pin.version, series.digest)
     name = output_name(source.name, version)
     try:
-        src = WheelFile(source)
-    except (zipfile.BadZipFile, WheelError, OSError) as exc:
+        src = zipfile.ZipFile(source)
+    except (zipfile.BadZipFile, OSError) as exc:
         raise InputError(f"{source.name}: not a readable wheel ({exc})") from None
-    with src:
-        dist_info = src.dist_info_path
-        names = set(src.namelist())
-        try:
-            meta = src.read(f"{dist_info}/METADATA").decode("utf-8")
-            record_text = src.read(src.record_path).decode("utf-8")
-            paths = touched(list(series.patches))
-            contents = {p: src.read(p) if p in names else None for p in paths}
-        except (zipfile.BadZipFile, WheelError, KeyError, OSError) as exc:
-            raise InputError(f"{source.name}: corrupt wheel ({exc})") from None
-        found = next((line.split(":", 1)[1].strip() for line in meta.split("\n") if line.startswith("Version:")), "")
-        name_field = next((line.split(":", 1)[1].strip() for line in meta.split("\n") if line.startswith("Name:")), "")
-        if canonicalize_name(name_field) != "vllm" or not series.pin.matches_version(found):
-            raise PinMismatch(f"{source.name}: its METADATA says {name_field} {found}, the series is pinned "
-                              f"to vllm {series.pin.version}")
-        analysis = analyze(list(series.patches), contents)
-        if not analysis.consistent or analysis.applied:
-            bad = [f"{r.name} is {r.state.value}" for r in analysis.reports if r.state.value != "applies"]
-            raise PatchFailed(f"the series does not apply to {source.name}: {'; '.join(bad)}")
-        new_files = {p: d for p, d in analysis.patched.items() if d != contents.get(p)}
-        lines = record.parse_lines(record_text).lines
-        at = record.index(lines)
-        originals = {p: (lines[at[p]] if p in at else None) for p in new_files}
-        new_dist_info = f"{name.split('-')[0]}-{version}.dist-info"
-        out_dir.mkdir(parents=True, exist_ok=True)
-        # WheelFile takes its dist-info and RECORD names from the file name: build under
-        # the final name in a private directory, then rename it into place.
-        tmp_dir = Path(tempfile.mkdtemp(prefix=".build-", dir=out_dir))
-        final = out_dir / name
-        try:
-            _write(src, tmp_dir / name, dist_info, new_dist_info, set_metadata_version(meta, version),
-                   new_files, lines, at, state_text(series, originals) if series.patches else None)
-            os.replace(tmp_dir / name, final)
-        finally:
-            shutil.rmtree(tmp_dir, ignore_errors=True)
+    try:
+        with src:
+            return _build(series, source, src, out_dir, name, version, notes, pinned)
+    except (zipfile.BadZipFile, zlib.error, EOFError, UnicodeDecodeError) as exc:
+        raise InputError(f"{source.name}: corrupt wheel ({type(exc).__name__}: {exc}); nothing was written") \
+            from None
+
+
+def _build(series: Series, source: Path, src: zipfile.ZipFile, out_dir: Path, name: str, version: str,
+           notes: list[str], pinned: bool) -> BuiltWheel:
+    dist_info, lines = _read_source(source, src, check_contents=not pinned)
+    names = set(src.namelist())
+    try:
+        meta = src.read(f"{dist_info}/METADATA").decode("utf-8")
+    except KeyError:
+        raise InputError(f"{source.name}: corrupt wheel (no {dist_info}/METADATA)") from None
+    paths = touched(list(series.patches))
+    contents = {p: src.read(p) if p in names else None for p in paths}
+    found = next((line.split(":", 1)[1].strip() for line in meta.split("\n") if line.startswith("Version:")), "")
+    name_field = next((line.split(":", 1)[1].strip() for line in meta.split("\n") if line.startswith("Name:")), "")
+    if canonicalize_name(name_field) != "vllm" or not series.pin.matches_version(found):
+        raise PinMismatch(f"{source.name}: its METADATA says {name_field} {found}, the series is pinned "
+                          f"to vllm {series.pin.version}")
+    analysis = analyze(list(series.patches), contents)
+    if not analysis.consistent or analysis.applied:
+        bad = [f"{r.name} is {r.state.value}" for r in analysis.reports if r.state.value != "applies"]
+        raise PatchFailed(f"the series does not apply to {source.name}: {'; '.join(bad)}")
+    new_files = {p: d for p, d in analysis.patched.items() if d != contents.get(p)}
+    at = record.index(lines)
+    originals = {p: (lines[at[p]] if p in at else None) for p in new_files}
+    new_dist_info = f"{name.split('-')[0]}-{version}.dist-info"
+    state = AppliedState.of(list(series.patches), originals).dump() if series.patches else None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # Build in a private directory, then rename into place: no partial wheel is ever visible.
+    tmp_dir = Path(tempfile.mkdtemp(prefix=".build-", dir=out_dir))
+    final = out_dir / name
+    try:
+        _write(src, tmp_dir / name, dist_info, new_dist_info, set_metadata_version(meta, version),
+               new_files, lines, at, state)
+        os.replace(tmp_dir / name, final)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
     return BuiltWheel(final, version, sorted(new_files), analysis, notes)
 
 
-def _write(src: WheelFile, path: Path, dist_info: str, new_dist_info: str, metadata: str,
-           new_files: dict[str, bytes | None], lines: list[str], at: dict[str, int], state: str | None) -> None:
+def _write(src: zipfile.ZipFile, path: Path, dist_info: str, new_dist_info: str, metadata: str,
+           new_files: dict[str, bytes | None], lines: list[str], at: dict[str, int], state: bytes | None) -> None:
+    """Write the new wheel and its RECORD (one line per member, written with installer's RecordEntry)."""
     new_files = dict(new_files)
-    with WheelFile(path, "w") as dst:
-        assert dst.dist_info_path == new_dist_info, dst.dist_info_path
+    rows: list[str] = []
+    with zipfile.ZipFile(path, "w") as dst:
+        def put(info: zipfile.ZipInfo, member: str, data: bytes) -> None:
+            dst.writestr(_like(info, member), data)
+            rows.append(record.make_line(member, data))
+
         for info in src.infolist():
             member = info.filename
-            if member == src.record_path or member.endswith("/"):
+            if member.endswith("/") or member == f"{dist_info}/RECORD" or \
+                    member in (f"{dist_info}/{sig}" for sig in SIGNATURES):
                 continue
             if member in new_files:
                 data = new_files.pop(member)
                 if data is not None:
-                    dst.writestr(_like(info, member), data)
+                    put(info, member, data)
                 continue
             if member.startswith(dist_info + "/"):
                 renamed = new_dist_info + member[len(dist_info):]
-                data = metadata.encode() if member == f"{dist_info}/METADATA" else src.read(member)
-                dst.writestr(_like(info, renamed), data)
+                put(info, renamed, metadata.encode() if member == f"{dist_info}/METADATA" else src.read(member))
                 continue
-            pair = _hash_pair(lines[at[member]]) if member in at else None
-            if pair is None or not can_copy_raw(info):
-                dst.writestr(_like(info, member), src.read(member))
+            entry = record.entry_at(lines, at[member], f"{dist_info}/RECORD") if member in at else None
+            if entry is None or entry.hash_ is None or entry.size is None or not can_copy_raw(info):
+                put(info, member, src.read(member))
                 continue
             copy_raw(src, info, dst)
-            dst._file_hashes[member] = pair
-            dst._file_sizes[member] = info.file_size
-        created = {**new_files, f"{new_dist_info}/{STATE_FILE}": state.encode() if state is not None else None}
+            rows.append(record.line_of(RecordEntry(member, entry.hash_, entry.size)))
+        created = {**new_files, f"{new_dist_info}/{STATE_FILE}": state}
         for member, data in created.items():
             if data is not None:
-                dst.writestr(_like(NEW_MEMBER, member), data)
+                put(NEW_MEMBER, member, data)
+        rows.append(record.make_line(f"{new_dist_info}/RECORD", None))
+        dst.writestr(_like(NEW_MEMBER, f"{new_dist_info}/RECORD"), "".join(row + "\n" for row in rows))
 
 
 NEW_MEMBER = zipfile.ZipInfo("new", date_time=(2026, 1, 1, 0, 0, 0))

@@ -17,13 +17,12 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from .. import __version__, record
+from .. import record
 from ..engine import Analysis, Contents
-from ..errors import InputError, TargetError
-from ..patchfile import Patch, parse_patch
+from ..errors import TargetError
+from ..patchfile import Patch
+from ..state import STATE_FILE, AppliedState, load
 from .base import Found, Plan, Target
-
-STATE_FILE = "vllm_patch.json"
 
 
 def site_packages_of(python: str) -> Path:
@@ -113,27 +112,23 @@ class SitePackagesTarget(Target):
         except (OSError, UnicodeDecodeError) as exc:
             raise TargetError(f"cannot read {self.record_path}: {exc}") from None
 
-    def state(self) -> dict | None:
+    def state(self) -> AppliedState | None:
         path = self.root / self.state_path
         if not path.is_file():
             return None
         try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise TargetError(f"{path} is unreadable ({exc}); reinstall vLLM to start over") from None
+            data = path.read_bytes()
+        except OSError as exc:
+            raise TargetError(f"{path} is unreadable ({exc.strerror}); reinstall vLLM to start over") from None
+        return load(data, self.state_path)
 
     def recorded_patches(self) -> list[Patch] | None:
         state = self.state()
-        if state is None:
-            return None
-        try:
-            return [parse_patch(p["name"], p["text"].encode("utf-8")) for p in state["patches"]]
-        except (KeyError, TypeError, AttributeError, InputError) as exc:
-            raise TargetError(f"{self.state_path} is malformed ({exc}); reinstall vLLM to start over") from None
+        return None if state is None else state.parsed_patches(self.state_path)
 
     def verify_before_write(self, paths: list[str], contents: Contents, analysis: Analysis) -> None:
         lines = record.parse_lines(self._record_text()).lines
-        known = record.entries(lines, paths)
+        known = record.entries(lines, paths, self.record_path)
         for rel in paths:
             data = contents.get(rel)
             if rel not in known:
@@ -151,7 +146,7 @@ class SitePackagesTarget(Target):
 
     def integrity(self, paths: list[str], full: bool) -> list[str]:
         lines = record.parse_lines(self._record_text()).lines
-        known = record.entries(lines, None if full else paths)
+        known = record.entries(lines, None if full else paths, self.record_path)
         check = [p for p, (_, e) in known.items() if e.hash_ is not None]
         problems = []
         for rel in check:
@@ -173,9 +168,9 @@ class SitePackagesTarget(Target):
         for rel in list(changes):
             for pyc in pyc_of(self.root, rel):
                 changes[pyc] = None
-        state = self.state() or {}
-        prior: dict[str, str | None] = dict(state.get("record", {}))
-        prior_at: dict[str, int] = dict(state.get("record_index", {}))
+        state = self.state()
+        prior: dict[str, str | None] = dict(state.record) if state else {}
+        prior_at: dict[str, int] = dict(state.record_index) if state else {}
         originals, original_at = dict(prior), dict(prior_at)
         text = self._record_text()
         parsed = record.parse_lines(text)
@@ -189,16 +184,11 @@ class SitePackagesTarget(Target):
                 if rel in at:
                     original_at[rel] = at[rel]
         if kept:
-            state_text = json.dumps({
-                "tool": f"vllm-patch {__version__}",
-                "patches": [{"name": p.name, "sha256": p.sha256, "text": p.raw.decode("utf-8")}
-                            for p in kept],
-                "record": originals,
-                "record_index": original_at,
-            }, indent=1, sort_keys=True) + "\n"
-            existing = self.root / self.state_path
-            if not existing.is_file() or existing.read_bytes() != state_text.encode():
-                changes[self.state_path] = state_text.encode()
+            # Rewritten only when what it says changes (a patched wheel's copy, or one an
+            # older vllm-patch wrote, stays as it is when nothing is to be done).
+            new_state = AppliedState.of(kept, originals, original_at)
+            if new_state != state:
+                changes[self.state_path] = new_state.dump()
         elif (self.root / self.state_path).exists():
             changes[self.state_path] = None
         wanted: dict[str, str | None] = {}
@@ -209,7 +199,7 @@ class SitePackagesTarget(Target):
                 self._check_restores(rel, prior[rel], data)
             else:
                 wanted[rel] = None if data is None else record.make_line(rel, data)
-        if self.state_path in changes and (not kept or self.state_path not in at):
+        if self.state_path in changes:
             wanted[self.state_path] = record.make_line(self.state_path, None) if kept else None
         by_index = {at[rel]: line for rel, line in wanted.items() if rel in at}
         out = [by_index.get(i, line) if i in by_index else line for i, line in enumerate(lines)]

@@ -1,0 +1,365 @@
+"""The outlook: each patch's fate on the pinned release and every newer one.
+
+For every release, each patch is carried onto the release's tree the way
+``rebase`` would carry it (`rebase.port`), twice:
+
+- **stacked**: on the new base plus the earlier patches as they came through
+  (a patch that conflicts is left out of the stack, as ``rebase --skip`` would);
+- **alone**: on the pristine new base, without the earlier patches.
+
+Fates: ``clean``, ``merged`` (3-way, checked), ``moved`` (its files moved upstream;
+it goes through at the new paths, clean or merged), ``upstreamed``, ``obsolete``
+(its ``Obsolete-If:`` checks hold), ``conflict`` (files and regions), ``gone``
+(a file it changes was deleted upstream with no renamed successor). Nothing in
+the series is written; trees come from the cache repository (downloaded once).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+from rich.console import Console
+from rich.table import Table
+
+from .engine import Contents, analyze, touched
+from .errors import DownloadError, InputError, PatchFailed
+from .merge3 import conflict_regions
+from .obsolete import Judge, project_test_runner
+from .pin import Pin
+from .rebase import Port, Step, follow, port
+from .series import Series
+from .upstream import index_files, index_url
+from .upstream_trees import Moves, UpstreamCache, UpstreamTree, get_tree, version_of_tag
+
+GLYPHS = {"clean": "✓", "merged": "≈", "moved": "→", "upstreamed": "↑", "obsolete": "⊘", "conflict": "✗",
+          "gone": "†"}
+MEANING = {
+    "clean": "applies as is",
+    "merged": "3-way merge, checked (review it)",
+    "moved": "its files moved upstream; goes through at the new paths",
+    "upstreamed": "the release has its result",
+    "obsolete": "its Obsolete-If checks hold",
+    "conflict": "needs a hand merge",
+    "gone": "a file it changes was deleted upstream",
+}
+STYLES = {"clean": "green", "merged": "yellow", "moved": "blue", "upstreamed": "cyan", "obsolete": "magenta",
+          "conflict": "red", "gone": "bold red"}
+
+
+@dataclass
+class Cell:
+    """One patch on one release, stacked or alone."""
+
+    state: str
+    via: str = ""
+    moved: dict[str, str] = field(default_factory=dict)
+    gone: list[str] = field(default_factory=list)
+    conflicts: dict[str, int] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    reason: str = ""
+
+    @property
+    def glyph(self) -> str:
+        return GLYPHS[self.state]
+
+    def detail(self, moves: Moves) -> str:
+        parts = []
+        if self.moved:
+            parts.append("moved " + ", ".join(moves.describe(a) for a in self.moved))
+        if self.gone:
+            parts.append("deleted upstream: " + ", ".join(self.gone))
+        conflicts = {p: n for p, n in self.conflicts.items() if p not in self.gone}
+        if conflicts:
+            total = sum(conflicts.values())
+            parts.append(f"conflict in {len(conflicts)} file{'s' if len(conflicts) != 1 else ''}, {total} "
+                         f"region{'s' if total != 1 else ''}: " + ", ".join(f"{p} ({n})" for p, n in conflicts.items()))
+        if self.problems:
+            parts.append("merged, but does not check: " + "; ".join(self.problems[:3])
+                         + (f" (+{len(self.problems) - 3})" if len(self.problems) > 3 else ""))
+        if self.state == "moved":
+            parts.append(f"{self.via} there")
+        if self.state == "obsolete":
+            parts.append(self.reason)
+        if self.state == "upstreamed":
+            parts.append("the release has its result")
+        if self.state == "merged":
+            parts.append("3-way merge, checked")
+        return "; ".join(parts)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"state": self.state}
+        for key in ("via", "moved", "gone", "conflicts", "problems", "reason"):
+            if getattr(self, key):
+                out[key] = getattr(self, key)
+        if self.conflicts:
+            out["regions"] = sum(self.conflicts.values())
+        return out
+
+
+def cell_of(done: Port) -> Cell:
+    if done.gone:
+        state = "gone"
+    elif done.step is Step.CONFLICT:
+        state = "conflict"
+    elif done.step is Step.UPSTREAMED:
+        state = "upstreamed"
+    elif done.moved:
+        state = "moved"
+    else:
+        state = done.step.value
+    conflicts = {p: conflict_regions(done.result.get(p)) for p in done.conflicts}
+    return Cell(state, done.step.value if state == "moved" else "", dict(done.moved), list(done.gone),
+                conflicts, list(done.problems))
+
+
+@dataclass
+class Row:
+    """One release: its tree, what moved, and each patch's cells."""
+
+    version: str
+    tree: UpstreamTree
+    moves: Moves
+    stacked: dict[str, Cell]
+    alone: dict[str, Cell]
+    seconds: float = 0.0
+
+
+@dataclass
+class Outlook:
+    pin: Pin
+    digest: str
+    names: list[str]
+    rows: list[Row]
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _norm(release: str) -> str:
+    return version_of_tag(release.strip())
+
+
+def index_releases(project: str = "vllm") -> list[str]:
+    """The final releases that have an sdist on the index, oldest first."""
+    versions = set()
+    for entry in index_files(project, "the sdists"):
+        name = entry.get("filename", "")
+        if not name.startswith(f"{project}-") or not name.endswith(".tar.gz") or entry.get("yanked"):
+            continue
+        try:
+            v = Version(name[len(project) + 1:-len(".tar.gz")])
+        except InvalidVersion:
+            continue
+        if not v.is_prerelease and not v.is_devrelease:
+            versions.add(v)
+    return [str(v) for v in sorted(versions)]
+
+
+def select_releases(pin: Pin, releases: list[str] | None, to: str | None, cache: UpstreamCache,
+                    notes: list[str]) -> list[str]:
+    """The releases to look at: `releases` as given, else the pin and every newer release
+    on the index (up to `to`); with the index unreachable, the ones already cached."""
+    if releases:
+        return list(dict.fromkeys(_norm(r) for r in releases))
+    pinned = Version(pin.version)
+    last = Version(_norm(to)) if to else None
+    if last is not None and last < pinned:
+        raise InputError(f"--to {to} is older than the pinned release {pin.version}")
+    try:
+        known = index_releases()
+    except DownloadError as exc:
+        known = sorted(set(cache.cached_sdists()) | {pin.version}, key=Version)
+        if len(known) <= 1:
+            raise InputError(f"cannot list the releases: {exc.message}") from None
+        notes.append(f"the index is unreachable; using the {len(known)} releases already in the cache")
+    chosen = [v for v in known if Version(v) >= pinned and (last is None or Version(v) <= last)]
+    if last is not None and str(last) not in chosen:
+        raise InputError(f"--to {to}: vLLM {last} is not a release on {index_url()}/vllm/")
+    return chosen
+
+
+def carry(series: Series, old_base: Contents, stages: list[Contents], new_base: Contents, tag: str,
+          moves: Moves, judge: Judge) -> tuple[dict[str, Cell], dict[str, Cell]]:
+    """Every patch of the series on one new base, stacked and alone."""
+    stacked: dict[str, Cell] = {}
+    alone: dict[str, Cell] = {}
+    now = dict(new_base)
+    for i, patch in enumerate(series.patches):
+        why = judge.obsolete(patch)
+        if why:
+            stacked[patch.name] = alone[patch.name] = Cell("obsolete", reason=why)
+            continue
+        before, after = stages[i - 1] if i else old_base, stages[i]
+        by_itself = port(patch, before, after, new_base, tag, moves)
+        paths = follow(patch, moves).paths
+        on_stack = by_itself if all(now.get(p) == new_base.get(p) for p in paths) else \
+            port(patch, before, after, now, tag, moves)
+        if on_stack.step in (Step.CLEAN, Step.MERGED):
+            now.update(on_stack.result)
+        stacked[patch.name], alone[patch.name] = cell_of(on_stack), cell_of(by_itself)
+    return stacked, alone
+
+
+def build_outlook(series: Series, cache: UpstreamCache, releases: list[str] | None = None, to: str | None = None,
+                  repo: str | None = None, quiet: bool = False,
+                  progress: Callable[[int, int, str], None] | None = None, root: Path | None = None) -> Outlook:
+    """The outlook of `series` over the chosen releases (see the module's docstring)."""
+    started = time.perf_counter()
+    notes: list[str] = []
+    versions = select_releases(series.pin, releases, to, cache, notes)
+    report = progress or (lambda done, total, what: None)
+    report(0, len(versions), f"vLLM {series.pin.version} (the pin)")
+    old = get_tree(series.pin.tag, repo, quiet=quiet, cache=cache)
+    patches = list(series.patches)
+    paths = touched(patches)
+    old_base = cache.read(old.commit, paths)
+    analysis = analyze(patches, old_base)
+    if not analysis.consistent or analysis.applied:
+        raise PatchFailed(f"the series does not apply to its own pin ({series.pin.tag}); run 'vllm-patch check' first")
+    stages = [{**old_base, **analysis.stage(i)} for i in range(len(patches))]
+    rows = []
+    for k, version in enumerate(versions):
+        report(k, len(versions), f"vLLM {version}")
+        t0 = time.perf_counter()
+        tag = f"v{version}"
+        tree = get_tree(tag, repo, quiet=quiet, cache=cache)
+        moves = cache.renames(old.commit, tree.commit, paths)
+        new_base = cache.read(tree.commit, [moves.path(p) for p in paths])
+        commit = tree.commit
+        runner = project_test_runner(root, lambda c=commit: cache.checkout(c)) if root else None
+        judge = Judge(functools.partial(cache.read, tree.commit), runner)
+        stacked, alone = carry(series, old_base, stages, new_base, tag, moves, judge)
+        rows.append(Row(version, tree, moves, stacked, alone, time.perf_counter() - t0))
+    report(len(versions), len(versions), "done")
+    return Outlook(series.pin, series.digest, list(series.names), rows, notes, time.perf_counter() - started)
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def short(name: str) -> str:
+    """A patch's column label: its number (``0004``), else its name."""
+    head = name.split("-", 1)[0]
+    return head if head.isdigit() else name.removesuffix(".patch")
+
+
+def cell_text(row: Row, name: str) -> tuple[str, str]:
+    """The table cell (stacked glyph, then the alone glyph where it differs) and its style."""
+    s, a = row.stacked[name], row.alone[name]
+    text = s.glyph if s.state == a.state else f"{s.glyph}/{a.glyph}"
+    return text, STYLES[s.state]
+
+
+def legend() -> str:
+    return "  ".join(f"{GLYPHS[k]} {k}" for k in GLYPHS) + "  (x/y: stacked/alone where they differ)"
+
+
+def _ranges(versions: list[str], order: list[str]) -> str:
+    """'0.22.0..0.27.1, 0.33.0': runs of consecutive releases (in the outlook's order)."""
+    pos = {v: i for i, v in enumerate(order)}
+    runs: list[list[str]] = []
+    for v in sorted(versions, key=lambda x: pos[x]):
+        if runs and pos[runs[-1][-1]] + 1 == pos[v]:
+            runs[-1].append(v)
+        else:
+            runs.append([v])
+    return ", ".join(r[0] if len(r) == 1 else f"{r[0]}..{r[-1]}" for r in runs)
+
+
+def details(result: Outlook) -> list[tuple[str, str, str]]:
+    """(patch label, releases, text) for every cell that is not plain clean, identical texts grouped."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for row in result.rows:
+        for name in result.names:
+            s, a = row.stacked[name], row.alone[name]
+            ts, ta = s.detail(row.moves), a.detail(row.moves)
+            if ts == ta:
+                if ts:
+                    groups.setdefault((name, ts), []).append(row.version)
+                continue
+            if ts:
+                groups.setdefault((name, f"stacked: {ts}"), []).append(row.version)
+            groups.setdefault((name, f"alone: {ta or 'clean'}"), []).append(row.version)
+    order = [r.version for r in result.rows]
+    names = {n: i for i, n in enumerate(result.names)}
+    items = sorted(groups.items(), key=lambda kv: (names[kv[0][0]], order.index(kv[1][0])))
+    return [(short(name), _ranges(vs, order), text) for (name, text), vs in items]
+
+
+def print_outlook(result: Outlook, console: Console) -> None:
+    pin = result.pin
+    table = Table(title=f"outlook of series {result.digest} (pinned to vLLM {pin.version}): "
+                        f"{len(result.rows)} releases", title_justify="left")
+    table.add_column("release")
+    for name in result.names:
+        table.add_column(short(name), justify="center")
+    table.add_column("moved / gone")
+    for row in result.rows:
+        cells = [f"[{style}]{text}[/]" for text, style in (cell_text(row, n) for n in result.names)]
+        table.add_row(row.version, *cells, f"{len(row.moves.moved)} / {len(row.moves.gone)}")
+    console.print(table)
+    console.print(legend(), markup=False)
+    for name in result.names:
+        console.print(f"  {short(name)}: {name}", markup=False)
+    for label, versions, text in details(result):
+        console.print(f"[bold]{label}[/] {versions}: ", end="")
+        console.print(text, markup=False)
+    for note in result.notes:
+        console.print(f"[yellow]note[/]: {note}")
+    console.print(f"{len(result.rows)} releases in {result.seconds:.1f} s; nothing in the series changed")
+
+
+def to_markdown(result: Outlook) -> str:
+    pin = result.pin
+    lines = [f"### vllm-patch outlook: series {result.digest}, pinned to vLLM {pin.version}", "",
+             "| release | " + " | ".join(short(n) for n in result.names) + " |",
+             "|---|" + "---|" * len(result.names)]
+    for row in result.rows:
+        lines.append(f"| {row.version} | " + " | ".join(cell_text(row, n)[0] for n in result.names) + " |")
+    lines += ["", legend(), ""]
+    lines += [f"- `{short(n)}` {n}" for n in result.names]
+    found = details(result)
+    if found:
+        lines += ["", "Details:", ""]
+        lines += [f"- **{label}** {versions}: {text}" for label, versions, text in found]
+    for note in result.notes:
+        lines.append(f"\nNote: {note}")
+    return "\n".join(lines) + "\n"
+
+
+def to_dict(result: Outlook) -> dict[str, Any]:
+    pin = result.pin
+    return {
+        "pin": {"version": pin.version, "tag": pin.tag, "commit": pin.commit},
+        "series": result.digest,
+        "patches": result.names,
+        "legend": {k: {"glyph": GLYPHS[k], "meaning": MEANING[k]} for k in GLYPHS},
+        "releases": [{
+            "version": row.version, "commit": row.tree.commit, "upstream_commit": row.tree.upstream_commit,
+            "source": row.tree.source, "moves": row.moves.as_dict(), "seconds": round(row.seconds, 3),
+            "patches": {n: {"stacked": row.stacked[n].as_dict(), "alone": row.alone[n].as_dict()}
+                        for n in result.names},
+        } for row in result.rows],
+        "notes": result.notes,
+        "seconds": round(result.seconds, 3),
+    }
+
+
+def write_report(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file renamed into place."""
+    path = path.resolve()
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except OSError:
+        Path(tmp).unlink(missing_ok=True)
+        raise
