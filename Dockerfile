@@ -4,24 +4,42 @@
 #   make image-wheel            # target "from-wheel": install dist/vllm-*+vp.*.whl instead
 #
 # Pin the base image by digest for reproducible builds, e.g.
-#   docker build --build-arg VLLM_IMAGE=vllm/vllm-openai:v0.20.0@sha256:<digest> .
+#   make image VLLM_IMAGE=vllm/vllm-openai:v0.20.0@sha256:<digest>
 # (`docker buildx imagetools inspect vllm/vllm-openai:v0.20.0` prints the digest).
+#
+# The tool runs from a virtualenv of its own (/opt/vllm-patch/venv): nothing it needs is
+# installed into vLLM's environment, whose `pip freeze` the build records before the series
+# and compares after it (only the vllm line may differ, in the from-wheel target).
 ARG VLLM_IMAGE=vllm/vllm-openai:v0.20.0
 
 FROM ${VLLM_IMAGE} AS tool
-COPY pyproject.toml README.md series /opt/vllm-patch/
-COPY tool /opt/vllm-patch/tool
-COPY patches /opt/vllm-patch/patches
-RUN python3 -m pip install --no-cache-dir /opt/vllm-patch
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+COPY pyproject.toml README.md series /opt/vllm-patch/src/
+COPY tool /opt/vllm-patch/src/tool
+COPY patches /opt/vllm-patch/src/patches
+RUN python3 -m pip freeze --all > /opt/vllm-patch/freeze-before.txt \
+    && python3 -m venv /opt/vllm-patch/venv \
+    && /opt/vllm-patch/venv/bin/pip install --no-cache-dir /opt/vllm-patch/src \
+    && ln -s /opt/vllm-patch/venv/bin/vllm-patch /usr/local/bin/vllm-patch
+ENV VLLM_PATCH_SERIES=/opt/vllm-patch/src
 
 FROM tool AS from-wheel
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 COPY dist/ /tmp/dist/
-RUN python3 -m pip install --no-cache-dir --no-deps --force-reinstall /tmp/dist/vllm-0.20.0+vp.*.whl
-# The check is its own step on purpose: a failing status names itself in the build log.
+RUN python3 -m pip install --no-cache-dir --no-deps --force-reinstall /tmp/dist/vllm-*+vp.*.whl \
+    && rm -rf /tmp/dist
+# The checks are steps of their own on purpose: a failing one names itself in the build log.
 # hadolint ignore=DL3059
-RUN vllm-patch --series /opt/vllm-patch status --python python3 --expect applied
+RUN vllm-patch status --python python3 --expect applied
+# hadolint ignore=DL3059
+RUN python3 -m pip freeze --all | grep -v '^vllm[=@ ]' > /tmp/freeze-after.txt \
+    && grep -v '^vllm[=@ ]' /opt/vllm-patch/freeze-before.txt | diff - /tmp/freeze-after.txt \
+    && rm /tmp/freeze-after.txt
 
 FROM tool AS patched
-RUN vllm-patch --series /opt/vllm-patch apply --python python3
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+RUN vllm-patch apply --python python3
 # hadolint ignore=DL3059
-RUN vllm-patch --series /opt/vllm-patch status --python python3 --expect applied
+RUN vllm-patch status --python python3 --expect applied
+# hadolint ignore=DL3059
+RUN python3 -m pip freeze --all | diff /opt/vllm-patch/freeze-before.txt -
