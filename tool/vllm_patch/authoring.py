@@ -29,7 +29,7 @@ from .patchfile import (
 )
 from .patchwriter import Header, PatchWriter
 from .series import PATCH_DIR, SERIES_FILE, Series
-from .transaction import Journal, commit, read_files
+from .transaction import SeriesDir, read_files
 from .upstream_trees import UpstreamCache
 
 
@@ -81,9 +81,7 @@ class Author:
         return writer.write(header, after, widen, modes)
 
     def _save(self, changes: dict[str, bytes | None]) -> None:
-        current = read_files(self.root, list(changes))
-        commit(Journal(self.root, self.root / ".vllm-patch-journal"),
-               {rel: data for rel, data in changes.items() if current[rel] != data})
+        SeriesDir(self.root).write(changes)
 
     def _append(self, name: str, text: str) -> None:
         if name in self.series.names or (self.root / PATCH_DIR / name).exists():

@@ -25,9 +25,13 @@ out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
+def _root(ctx: click.Context) -> Path:
+    """The series directory: --series, $VLLM_PATCH_SERIES, or found from the current directory."""
+    return Path(ctx.obj.get("series_dir") or find_series_root())
+
+
 def _series(ctx: click.Context) -> Series:
-    root = ctx.obj.get("series_dir") or find_series_root()
-    return load_series(Path(root))
+    return load_series(_root(ctx))
 
 
 def handle_errors(fn):
@@ -209,10 +213,7 @@ def status(ctx, target_spec, python, kind, wait, as_json, full, expect) -> None:
     and RECORD integrity."""
     series = _series(ctx)
     target = _open(target_spec, python, kind)
-    outcome = operations.status(target, series, full, wait, force=True, on_wait=_waiting)
-    if expect and outcome.ok and outcome.verdict != expect:
-        outcome.ok = False
-        outcome.notes.append(f"expected every patch {expect}, found: {outcome.analysis.verdict}")
+    outcome = operations.status(target, series, full, wait, force=True, on_wait=_waiting, expect=expect)
     _emit(outcome, as_json)
     sys.exit(EXIT_OK if outcome.ok else EXIT_PATCH_FAILED)
 
@@ -227,13 +228,8 @@ def status(ctx, target_spec, python, kind, wait, as_json, full, expect) -> None:
 @handle_errors
 def build_wheel_cmd(ctx: click.Context, source: Path | None, out_dir: Path, as_json: bool) -> None:
     """Build a patched vLLM wheel (version 0.20.0+vp.<series digest>) from the upstream wheel."""
-    from .upstream import fetch
-    from .wheel_build import build_wheel
-
     series = _series(ctx)
-    verified = source is None
-    source = source or fetch(series.pin.wheel, quiet=as_json)
-    built = build_wheel(series, source, out_dir, verified)
+    built = operations.build_wheel(series, source, out_dir, quiet=as_json)
     if as_json:
         report.print_json({"wheel": str(built.path), "version": built.version, "changed": built.changed,
                            "patches": list(series.names), "notes": built.notes})
@@ -264,37 +260,15 @@ def build_wheel_cmd(ctx: click.Context, source: Path | None, out_dir: Path, as_j
 def rebase(ctx: click.Context, tag: str | None, resume: bool, skip: bool, drops: tuple[str, ...], reason: str | None,
            allow_new: tuple[str, ...], abort: bool, repo: str | None, show_range_diff: bool, as_json: bool) -> None:
     """Rebase the series onto TAG (e.g. v0.21.0): clean, merged, upstreamed or obsolete (dropped), or conflict."""
-    from .rebase import RebaseConflict, Rebaser
-    from .transaction import Journal, recover
-    from .upstream_trees import UpstreamCache, get_tree
+    from .rebase import RebaseConflict
 
-    stopped_drop = bool(drops) and not tag
-    if sum(map(bool, (tag, resume, abort, skip, stopped_drop))) != 1:
-        raise click.UsageError("give a TAG, or --continue, --skip, --drop NAME, or --abort")
-    if drops and not reason:
-        raise click.UsageError("--drop needs --reason TEXT (it is kept in dropped-patches)")
-    if stopped_drop and len(drops) > 1:
-        raise click.UsageError("while a rebase is stopped, --drop names the stopped patch only")
-    if allow_new and not resume:
-        raise click.UsageError("--allow-new-file goes with --continue")
-    root = Path(ctx.obj.get("series_dir") or find_series_root())
-    recovered = recover(Journal(root, root / ".vllm-patch-journal"))
-    if recovered:
-        err.print(f"recovered: {recovered}")
-    series = load_series(root)
-    cache = UpstreamCache()
-    rebaser = Rebaser(root, series, cache)
-    if abort:
-        done = rebaser.abort()
-        out.print("rebase aborted; the series is as it was" if done else "no rebase in progress")
-        return
+    root = _root(ctx)
     try:
-        if resume or skip or stopped_drop:
-            result = rebaser.resume(allow_new, skip, drops[0] if stopped_drop else None, reason)
-        else:
-            old = get_tree(series.pin.tag, repo, quiet=as_json, cache=cache)
-            new = get_tree(tag or "", repo, quiet=as_json, cache=cache)
-            result = rebaser.start(tag or "", old, new, {name: reason or "" for name in drops})
+        result = operations.rebase(root, tag, resume, skip, drops, reason, allow_new, abort, repo, quiet=as_json,
+                                   on_recovered=lambda what: err.print(f"recovered: {what}"))
+        if abort:
+            out.print("rebase aborted; the series is as it was" if result else "no rebase in progress")
+            return
     except RebaseConflict as exc:
         report.print_rebase(exc.result, out, as_json, show_range_diff, error=exc.message)
         err.print(f"error: {exc.message}", markup=False)
@@ -324,7 +298,7 @@ def outlook(ctx: click.Context, releases: str | None, to_tag: str | None, repo: 
 
     if releases and to_tag:
         raise click.UsageError("give --releases or --to, not both")
-    root = Path(ctx.obj.get("series_dir") or find_series_root())
+    root = _root(ctx)
     series = load_series(root)
     quiet = as_json or str(markdown) == "-"
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=err,
@@ -350,14 +324,7 @@ def outlook(ctx: click.Context, releases: str | None, to_tag: str | None, repo: 
 
 
 def _author(ctx: click.Context, upstream: str | None, quiet: bool):
-    from .authoring import Author
-    from .upstream_trees import UpstreamCache, get_tree
-
-    root = Path(ctx.obj.get("series_dir") or find_series_root())
-    series = load_series(root)
-    cache = UpstreamCache()
-    base = get_tree(series.pin.tag, upstream, quiet=quiet, cache=cache)
-    return Author(root, series, cache, base.commit)
+    return operations.author(_root(ctx), upstream, quiet)
 
 
 def _authored(result, as_json: bool) -> None:
@@ -441,24 +408,12 @@ def new(ctx, name, tree, files, subject, author, origin, bug, forwarded, unique,
 @authoring_command(header=True)
 def import_cmd(ctx, source, repo, name, subject, author, origin, bug, forwarded, unique, upstream, as_json) -> None:
     """Add a patch from a .diff/.patch file (e.g. a PR's diff) or a git commit range."""
-    import re as _re
+    def header_for(single: bool):
+        return _header(name if single else None, subject if single else None, author, origin, bug, forwarded)
 
-    from .authoring import git_range_diff
-    if repo:
-        mails = [m for m in _re.split(r"(?m)^(?=From [0-9a-f]{40} )", git_range_diff(repo, source).decode()) if m]
-    else:
-        path = Path(source)
-        if not path.is_file():
-            raise click.UsageError(f"{source} is not a file (give --repo for a commit range)")
-        mails = [path.read_bytes().decode("utf-8", "surrogateescape")]
-    if not mails:
-        raise click.UsageError(f"{source} holds no commit")
-    for mail in mails:
-        header = _header(name if len(mails) == 1 else None, subject if len(mails) == 1 else None, author,
-                         origin, bug, forwarded)
-        author_obj = _author(ctx, upstream, as_json)
-        _authored(author_obj.import_diff(mail.encode("utf-8", "surrogateescape"), header.name or None, header,
-                                         unique), as_json)
+    root = _root(ctx)
+    for result in operations.import_patches(root, source, repo, header_for, unique, upstream, as_json):
+        _authored(result, as_json)
 
 
 def run() -> None:

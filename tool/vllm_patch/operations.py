@@ -1,7 +1,10 @@
-"""The commands' logic: status, apply, revert and check of a series on a target.
+"""The commands' logic: every command of the CLI goes through here.
 
-Each computes every resulting file in memory first; only then, under the
-target's lock and journal, does anything get written.
+status, apply, revert and check of a series on a target; build-wheel; outlook,
+rebase and the authoring commands (refresh, new, import) on the series
+directory. Each computes every resulting file in memory first; only then, under
+the target's (or the series directory's) lock and journal, does anything get
+written. The CLI parses options and prints what these return.
 """
 
 from __future__ import annotations
@@ -63,8 +66,9 @@ def _fail(outcome: Outcome) -> Outcome:
 
 
 def status(target: Target, series: Series, full: bool = False, wait: float = 0.0,
-           force: bool = True, on_wait: Callable[[], None] | None = None) -> Outcome:
-    """Each patch's state, the pin and the target's bookkeeping; writes only to recover."""
+           force: bool = True, on_wait: Callable[[], None] | None = None, expect: str | None = None) -> Outcome:
+    """Each patch's state, the pin and the target's bookkeeping; writes only to recover.
+    With `expect` ("applied" or "applies") the outcome fails unless every patch is so."""
     with target_lock(target.lock_dir, wait, on_wait):
         recovered = target.recover()
     notes: list[str] = []
@@ -83,6 +87,9 @@ def status(target: Target, series: Series, full: bool = False, wait: float = 0.0
     outcome = Outcome("status", target.describe(), analysis, patches, found, recovered=recovered,
                       notes=notes, integrity=target.integrity(paths, full))
     outcome.ok = analysis.consistent and not outcome.integrity
+    if expect and outcome.ok and outcome.verdict != expect:
+        outcome.ok = False
+        outcome.notes.append(f"expected every patch {expect}, found: {analysis.verdict}")
     return outcome
 
 
@@ -192,6 +199,90 @@ def outlook(series: Series, releases: list[str] | None = None, to: str | None = 
     from .upstream_trees import UpstreamCache
 
     return build_outlook(series, UpstreamCache(), releases, to, repo, quiet, progress, root)
+
+
+def build_wheel(series: Series, source: Path | None, out_dir: Path, quiet: bool = False):
+    """The patched wheel from `source` (default: the pinned wheel, downloaded and sha256-checked)."""
+    from .upstream import fetch
+    from .wheel_build import build_wheel as build
+
+    verified = source is None
+    return build(series, source or fetch(series.pin.wheel, quiet=quiet), out_dir, verified)
+
+
+def rebase(root: Path, tag: str | None = None, resume: bool = False, skip: bool = False,
+           drops: tuple[str, ...] = (), reason: str | None = None, allow_new: tuple[str, ...] = (),
+           abort: bool = False, repo: str | None = None, quiet: bool = False,
+           on_recovered: Callable[[str], None] | None = None):
+    """Start (TAG), go on (`resume`, `skip`, a `drops` of the stopped patch) or `abort` a rebase of
+    the series in `root`. Returns the RebaseResult, or for `abort` whether one was in progress;
+    a stop on a conflict raises RebaseConflict (carrying the result so far)."""
+    from .errors import InputError
+    from .rebase import Rebaser
+    from .series import load_series
+    from .transaction import SeriesDir
+    from .upstream_trees import UpstreamCache, get_tree
+
+    stopped_drop = bool(drops) and not tag
+    if sum(map(bool, (tag, resume, abort, skip, stopped_drop))) != 1:
+        raise InputError("give a TAG, or --continue, --skip, --drop NAME, or --abort")
+    if drops and not reason:
+        raise InputError("--drop needs --reason TEXT (it is kept in dropped-patches)")
+    if stopped_drop and len(drops) > 1:
+        raise InputError("while a rebase is stopped, --drop names the stopped patch only")
+    if allow_new and not resume:
+        raise InputError("--allow-new-file goes with --continue")
+    recovered = SeriesDir(root).recover()
+    if recovered and on_recovered:
+        on_recovered(recovered)
+    series = load_series(root)
+    cache = UpstreamCache()
+    rebaser = Rebaser(root, series, cache)
+    if abort:
+        return rebaser.abort()
+    if resume or skip or stopped_drop:
+        return rebaser.resume(allow_new, skip, drops[0] if stopped_drop else None, reason)
+    old = get_tree(series.pin.tag, repo, quiet=quiet, cache=cache)
+    new = get_tree(tag or "", repo, quiet=quiet, cache=cache)
+    return rebaser.start(tag or "", old, new, {name: reason or "" for name in drops})
+
+
+def author(root: Path, upstream: str | None = None, quiet: bool = False):
+    """The authoring commands' worker (refresh, new, import) on the series in `root`, over the
+    pinned base from the upstream cache."""
+    from .authoring import Author
+    from .series import load_series
+    from .upstream_trees import UpstreamCache, get_tree
+
+    series = load_series(root)
+    cache = UpstreamCache()
+    base = get_tree(series.pin.tag, upstream, quiet=quiet, cache=cache)
+    return Author(root, series, cache, base.commit)
+
+
+def import_patches(root: Path, source: str, repo: Path | None, header_for: Callable[[bool], object],
+                   unique: bool, upstream: str | None = None, quiet: bool = False) -> Iterator[object]:
+    """Import a diff file, or each commit of the range `source` of `repo`, as patches at the end of
+    the series; yields each one's result. `header_for(single)` makes a patch's header (the given
+    name and subject only go to a single patch)."""
+    import re
+
+    from .authoring import git_range_diff
+    from .errors import InputError
+
+    if repo:
+        mails = [m for m in re.split(r"(?m)^(?=From [0-9a-f]{40} )", git_range_diff(repo, source).decode()) if m]
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise InputError(f"{source} is not a file (give --repo for a commit range)")
+        mails = [path.read_bytes().decode("utf-8", "surrogateescape")]
+    if not mails:
+        raise InputError(f"{source} holds no commit")
+    for mail in mails:
+        header = header_for(len(mails) == 1)
+        yield author(root, upstream, quiet).import_diff(mail.encode("utf-8", "surrogateescape"),
+                                                         header.name or None, header, unique)
 
 
 class PatchFailedWith(PatchFailed):

@@ -4,18 +4,16 @@ least context (3 lines or more) that makes every anchor unique."""
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from email.utils import parseaddr
-from pathlib import Path
 
 import git
 
 from .engine import Contents, analyze
 from .errors import PatchFailed, UpstreamError
+from .gitindex import private_index, stage
 from .patchfile import Patch, parse_patch
 from .upstream_trees import UpstreamCache
 
@@ -63,29 +61,10 @@ class PatchWriter:
 
     def _commit(self, contents: Contents, message: str, author: str, date: str,
                 modes: dict[str, int] | None) -> str:
-        fd, index = tempfile.mkstemp(prefix="index-", dir=self.cache.path)
-        os.close(fd)
-        os.unlink(index)
-        env = {"GIT_INDEX_FILE": index}
-        try:
+        with private_index(self.cache.path) as env:
             self.repo.git.read_tree(self.parent, env=env)
-            for rel, data in contents.items():
-                if data is None:
-                    # Mode 0 drops the entry; --force-remove would want a work tree, which the cache lacks.
-                    with tempfile.TemporaryFile() as tmp:
-                        tmp.write(f"0 {'0' * 40}\t{rel}\n".encode())
-                        tmp.seek(0)
-                        self.repo.git.update_index("--index-info", istream=tmp, env=env)
-                    continue
-                with tempfile.TemporaryFile() as tmp:
-                    tmp.write(data)
-                    tmp.seek(0)
-                    blob = self.repo.git.hash_object("-w", "--stdin", istream=tmp)
-                mode = "100755" if (modes or {}).get(rel, 0o644) & 0o111 else "100644"
-                self.repo.git.update_index("--add", "--cacheinfo", f"{mode},{blob},{rel}", env=env)
+            stage(self.repo.git, env, contents, lambda rel: (modes or {}).get(rel, 0o644))
             tree = self.repo.git.write_tree(env=env)
-        finally:
-            Path(index).unlink(missing_ok=True)
         name, email = parseaddr(author)
         who = {"GIT_AUTHOR_NAME": name or email or "unknown", "GIT_AUTHOR_EMAIL": email or "unknown@localhost",
                "GIT_COMMITTER_NAME": "vllm-patch", "GIT_COMMITTER_EMAIL": "vllm-patch@localhost"}

@@ -38,7 +38,7 @@ from .patchwriter import Header, PatchWriter
 from .pin import Artifact, Pin
 from .pycheck import check_files
 from .series import PATCH_DIR, SERIES_FILE, Series, parse_series_text
-from .transaction import Journal, commit
+from .transaction import SeriesDir
 from .upstream import index_files, indexed_artifact
 from .upstream_trees import Moves, UpstreamCache, UpstreamTree
 
@@ -518,6 +518,4 @@ class Rebaser:
                 text += f"{o.name}\n  {why}\n  Dropped: {date.today()}\n"
                 changes[f"{PATCH_DIR}/{o.name}"] = None
             changes[DROPPED_FILE] = text.encode()
-        current = {rel: (self.root / rel).read_bytes() if (self.root / rel).is_file() else None for rel in changes}
-        commit(Journal(self.root, self.root / ".vllm-patch-journal"),
-               {rel: data for rel, data in changes.items() if current[rel] != data})
+        SeriesDir(self.root).write(changes)

@@ -127,12 +127,21 @@ def preflight(root: Path, changes: Mapping[str, bytes | None]) -> None:
             raise TargetError(f"{parent} is not writable ({exc.strerror}); nothing was changed") from None
 
 
+JOURNAL_DIR = ".vllm-patch-journal"
+
+
 @dataclass
 class Journal:
-    """The journal directory of one target."""
+    """The journal directory of one target (or of the series directory)."""
 
     root: Path
     directory: Path
+
+    @classmethod
+    def of(cls, root: Path, owner: str = "") -> Journal:
+        """The journal kept in `root`; `owner` tells apart several journals of one directory
+        (one per distribution in a site-packages)."""
+        return cls(root, root / (f"{JOURNAL_DIR}-{owner}" if owner else JOURNAL_DIR))
 
     @property
     def file(self) -> Path:
@@ -309,3 +318,29 @@ def recover(journal: Journal, finish: Callable[[dict], None] | None = None,
         undo(data.get("extra", {}))
     rollback(journal)
     return f"rolled back an interrupted run ({len(data['entries'])} files restored to their state before it)"
+
+
+class SeriesDir:
+    """The series directory as a place that commands write (rebase, refresh, new, import):
+    its journal and its lock, so those writes are all-or-nothing and never interleave."""
+
+    def __init__(self, root: Path, wait: float = 0.0) -> None:
+        self.root = root
+        self.wait = wait
+        self.journal = Journal.of(root)
+
+    def recover(self) -> str | None:
+        """Finish or undo an interrupted write of the series, under the lock."""
+        from .locking import target_lock
+
+        with target_lock(self.root, self.wait):
+            return recover(self.journal)
+
+    def write(self, changes: Mapping[str, bytes | None]) -> None:
+        """Write `changes` (path -> new bytes, None: delete), skipping files that already hold them."""
+        from .locking import target_lock
+
+        with target_lock(self.root, self.wait):
+            recover(self.journal)
+            current = read_files(self.root, list(changes))
+            commit(self.journal, {rel: data for rel, data in changes.items() if current[rel] != data})

@@ -21,6 +21,7 @@ from packaging.version import InvalidVersion, Version
 
 from .engine import Contents
 from .errors import DownloadError, InputError, UpstreamError
+from .gitindex import private_index
 from .upstream import cache_root, fetch, indexed_artifact, unpack_sdist
 from .versionfile import parse_version_file
 
@@ -151,16 +152,11 @@ class UpstreamCache:
         return UpstreamTree(commit, tree.version, commit, tree.source)
 
     def _import_dir(self, tree: Path, message: str) -> str:
-        fd, index = tempfile.mkstemp(prefix="index-", dir=self.path)
-        os.close(fd)
-        os.unlink(index)
-        env = {**FIXED, "GIT_INDEX_FILE": index, "GIT_WORK_TREE": str(tree)}
-        try:
+        with private_index(self.path) as index:
+            env = {**FIXED, **index, "GIT_WORK_TREE": str(tree)}
             self.git("add", "-A", "-f", ".", env=env)
             tree_id = self.git("write-tree", env=env).decode().strip()
             return self.git("commit-tree", tree_id, "-m", message, env=env).decode().strip()
-        finally:
-            Path(index).unlink(missing_ok=True)
 
     def describe(self, commit: str, source: str) -> UpstreamTree:
         """The version and upstream commit `vllm/_version.py` names at `commit`."""
@@ -195,16 +191,10 @@ class UpstreamCache:
 
     def _tree_of(self, entries: list[tuple[str, str, str]]) -> str:
         """A tree object holding exactly `entries` (mode, blob id, path)."""
-        fd, index = tempfile.mkstemp(prefix="index-", dir=self.path)
-        os.close(fd)
-        os.unlink(index)
-        try:
-            env = {"GIT_INDEX_FILE": index}
+        with private_index(self.path) as env:
             self.git("update-index", "-z", "--index-info", env=env,
                      input=b"".join(f"{m} {b}\t{p}".encode() + b"\0" for m, b, p in entries))
             return self.git("write-tree", env=env).decode().strip()
-        finally:
-            Path(index).unlink(missing_ok=True)
 
     def _renames(self, old: list[tuple[str, str, str]], new: list[tuple[str, str, str]],
                  similarity: int) -> dict[str, tuple[str, int]]:
@@ -266,18 +256,14 @@ class UpstreamCache:
             return dest
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".checkout-", dir=dest.parent))
-        fd, index = tempfile.mkstemp(prefix="index-", dir=self.path)
-        os.close(fd)
-        os.unlink(index)
         try:
-            env = {"GIT_INDEX_FILE": index}
-            self.git("read-tree", commit, env=env)
-            self.git("--work-tree", str(tmp), "checkout-index", "-a", "-f", env=env)
+            with private_index(self.path) as env:
+                self.git("read-tree", commit, env=env)
+                self.git("--work-tree", str(tmp), "checkout-index", "-a", "-f", env=env)
             (tmp / ".complete").write_text("ok\n")
             shutil.rmtree(dest, ignore_errors=True)
             os.replace(tmp, dest)
         finally:
-            Path(index).unlink(missing_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)
         return dest
 

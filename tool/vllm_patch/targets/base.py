@@ -50,7 +50,7 @@ class Target:
 
     @property
     def journal(self) -> Journal:
-        return Journal(self.root, self.root / ".vllm-patch-journal")
+        return Journal.of(self.root)
 
     def read(self, paths: list[str]) -> Contents:
         return read_files(self.root, paths)

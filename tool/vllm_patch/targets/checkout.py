@@ -8,7 +8,6 @@ HEAD moves last, under the same journal as the files.
 from __future__ import annotations
 
 import os
-import tempfile
 from email.utils import parseaddr
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import git
 
 from ..engine import Analysis, Contents
 from ..errors import PinMismatch, TargetError
+from ..gitindex import private_index, stage
 from ..patchfile import Patch
 from ..pin import Pin
 from ..transaction import Journal
@@ -122,36 +122,25 @@ class CheckoutTarget(Target):
         """One commit per patch applied (or reverted), in a private index: the work tree
         and the real index are not touched here."""
         head = self.head()
-        fd, index = tempfile.mkstemp(prefix="vllm-patch-index-", dir=self.repo.git_dir)
-        os.close(fd)
-        os.unlink(index)
-        env = {"GIT_INDEX_FILE": index}
+        if keep >= analysis.applied:
+            steps = [(patches[i], analysis.stage(i), "") for i in range(analysis.applied, keep)]
+        else:
+            steps = [(patches[i], analysis.stage(i - 1) if i else analysis.base, "Revert \"")
+                     for i in range(analysis.applied - 1, keep - 1, -1)]
         try:
-            self.repo.git.read_tree(head, env=env)
-            parent = head
-            if keep >= analysis.applied:
-                steps = [(patches[i], analysis.stage(i), "") for i in range(analysis.applied, keep)]
-            else:
-                steps = [(patches[i], analysis.stage(i - 1) if i else analysis.base, "Revert \"")
-                         for i in range(analysis.applied - 1, keep - 1, -1)]
-            for patch, contents, revert in steps:
-                for rel in patch.paths:
-                    data = contents.get(rel)
-                    if data is None:
-                        self.repo.git.update_index("--force-remove", "--", rel, env=env)
-                        continue
-                    blob = self.repo.git.hash_object("-w", "--stdin", istream=_stdin(data))
-                    mode = "100755" if self._mode(rel, patch) & 0o111 else "100644"
-                    self.repo.git.update_index("--add", "--cacheinfo", f"{mode},{blob},{rel}", env=env)
-                tree = self.repo.git.write_tree(env=env)
-                message = f"{revert}{patch.subject}\"" if revert else f"{patch.subject}\n\n{patch.description}"
-                parent = self.repo.git.commit_tree(tree, "-p", parent, "-m", message,
-                                                   env=_author_env(patch) if not revert else {})
-            return parent
+            with private_index(self.repo.git_dir) as env:
+                self.repo.git.read_tree(head, env=env)
+                parent = head
+                for patch, contents, revert in steps:
+                    stage(self.repo.git, env, {rel: contents.get(rel) for rel in patch.paths},
+                          lambda rel, patch=patch: self._mode(rel, patch))
+                    tree = self.repo.git.write_tree(env=env)
+                    message = f"{revert}{patch.subject}\"" if revert else f"{patch.subject}\n\n{patch.description}"
+                    parent = self.repo.git.commit_tree(tree, "-p", parent, "-m", message,
+                                                       env=_author_env(patch) if not revert else {})
+                return parent
         except git.GitCommandError as exc:
             raise TargetError(f"git failed while building the commits: {_stderr(exc)}") from None
-        finally:
-            Path(index).unlink(missing_ok=True)
 
     def _mode(self, rel: str, patch: Patch) -> int:
         """A file's mode in the commit: the patch's for a file it creates or deletes, else the work tree's."""
@@ -188,14 +177,6 @@ class CheckoutTarget(Target):
 def _stderr(exc: git.GitCommandError) -> str:
     text = exc.stderr if isinstance(exc.stderr, str) else str(exc)
     return " ".join(text.replace("stderr:", "").split()).strip("' ")
-
-
-def _stdin(data: bytes):
-    """A real file for git's stdin (GitPython hands it to Popen, which needs a descriptor)."""
-    tmp = tempfile.TemporaryFile()  # noqa: SIM115 - closed by the caller's garbage collection
-    tmp.write(data)
-    tmp.seek(0)
-    return tmp
 
 
 def _author_env(patch: Patch) -> dict[str, str]:

@@ -99,7 +99,7 @@ class SitePackagesTarget(Target):
     @property
     def journal(self):
         from ..transaction import Journal
-        return Journal(self.root, self.root / f".vllm-patch-journal-{self.dist_info.name}")
+        return Journal.of(self.root, self.dist_info.name)
 
     def found(self) -> Found:
         commit = self._version_file().commit
