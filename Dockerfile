@@ -11,8 +11,11 @@
 # installed into vLLM's environment, whose `pip freeze` the build records before the series
 # and compares after it (only the vllm line may differ, in the from-wheel target).
 ARG VLLM_IMAGE=vllm/vllm-openai:v0.20.0
+# The release line (empty: the one pinned to the image's vLLM).
+ARG LINE=
 
 FROM ${VLLM_IMAGE} AS tool
+ARG LINE
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 COPY pyproject.toml README.md series /opt/vllm-patch/src/
 COPY tool /opt/vllm-patch/src/tool
@@ -21,7 +24,7 @@ RUN python3 -m pip freeze --all > /opt/vllm-patch/freeze-before.txt \
     && python3 -m venv /opt/vllm-patch/venv \
     && /opt/vllm-patch/venv/bin/pip install --no-cache-dir /opt/vllm-patch/src \
     && ln -s /opt/vllm-patch/venv/bin/vllm-patch /usr/local/bin/vllm-patch
-ENV VLLM_PATCH_SERIES=/opt/vllm-patch/src
+ENV VLLM_PATCH_SERIES=/opt/vllm-patch/src VLLM_PATCH_LINE=${LINE}
 
 FROM tool AS from-wheel
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]

@@ -2,7 +2,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-SERIES_ARGS ?=
+LINE ?=
+SERIES_ARGS ?= $(if $(LINE),--line $(LINE))
 
 .PHONY: help setup check wheel image image-wheel image-base test unit lint bench gpu-bundle gpu-test clean
 
@@ -26,10 +27,10 @@ wheel: setup ## build the patched wheel into dist/ from the pinned upstream whee
 IMAGE ?= vllm-patch:0.20.0
 VLLM_IMAGE ?= vllm/vllm-openai:v0.20.0
 image: ## build the container image: VLLM_IMAGE (default the pinned vllm/vllm-openai) with the series applied
-	@scripts/build-image patched $(IMAGE) $(VLLM_IMAGE)
+	@LINE=$(LINE) scripts/build-image patched $(IMAGE) $(VLLM_IMAGE)
 
 image-wheel: wheel ## build the container image from the patched wheel in dist/
-	@scripts/build-image from-wheel $(IMAGE) $(VLLM_IMAGE)
+	@LINE=$(LINE) scripts/build-image from-wheel $(IMAGE) $(VLLM_IMAGE)
 
 image-base: wheel ## a local stand-in for vllm/vllm-openai (Debian + the real wheel), for hosts without a registry
 	@scripts/image-base "$$($(BIN)/python -c 'from vllm_patch.series import load_series; from vllm_patch.upstream import fetch; print(fetch(load_series(".").pin.wheel, quiet=True))')" localhost/vllm-base:0.20.0

@@ -13,6 +13,7 @@ from rich.console import Console
 
 from . import __version__, operations, report
 from .errors import EXIT_OK, EXIT_PATCH_FAILED, EXIT_USAGE, VllmPatchError
+from .lines import line_named
 from .operations import PatchFailedWith
 from .series import Series, find_series_root, load_series
 from .targets import KINDS, open_target
@@ -31,7 +32,14 @@ def _root(ctx: click.Context) -> Path:
 
 
 def _series(ctx: click.Context) -> Series:
-    return load_series(_root(ctx))
+    """The series of --line NAME, else the top-level one (the current release's)."""
+    name = ctx.obj.get("line")
+    return line_named(_root(ctx), name).load() if name else load_series(_root(ctx))
+
+
+def _series_for(ctx: click.Context, target: Target, force: bool) -> tuple[Series, str | None]:
+    """The series for `target`: --line NAME, else the line pinned to the target's vLLM."""
+    return operations.series_for(_root(ctx), target, ctx.obj.get("line"), force)
 
 
 def handle_errors(fn):
@@ -111,33 +119,48 @@ def _emit(outcome: operations.Outcome, as_json: bool) -> None:
         report.print_outcome(outcome, out)
 
 
+def _noted(outcome: operations.Outcome, note: str | None) -> operations.Outcome:
+    if note:
+        outcome.notes.insert(0, note)
+    return outcome
+
+
 def _waiting() -> None:
     err.print("waiting for another vllm-patch run on this target to finish...")
 
 
-def _series_after_command(ctx: click.Context, param: click.Parameter, value: Path | None) -> None:
-    if value is not None:
-        ctx.ensure_object(dict)["series_dir"] = value
+def _after_command(key: str):
+    def callback(ctx: click.Context, param: click.Parameter, value) -> None:
+        if value:
+            ctx.ensure_object(dict)[key] = value
+    return callback
 
 
 class SeriesGroup(click.Group):
-    """The command group; every subcommand also takes ``--series DIR`` after its name."""
+    """The command group; every subcommand also takes ``--series DIR`` and ``--line NAME``
+    after its name."""
 
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:
         if not any(getattr(p, "name", None) == "series_after" for p in cmd.params):
             cmd.params.append(click.Option(
                 ["--series", "series_after"], type=click.Path(file_okay=False, path_type=Path),
-                expose_value=False, is_eager=True, callback=_series_after_command,
+                expose_value=False, is_eager=True, callback=_after_command("series_dir"),
                 help="Directory holding 'series' and 'patches/' (as before the command)."))
+            cmd.params.append(click.Option(
+                ["--line", "line_after"], metavar="NAME", expose_value=False, is_eager=True,
+                callback=_after_command("line"), help="The release line (as before the command)."))
         super().add_command(cmd, name)
 
 
 @click.group(cls=SeriesGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--series", "series_dir", type=click.Path(file_okay=False, path_type=Path),
               envvar="VLLM_PATCH_SERIES", help="Directory holding 'series' and 'patches/'.")
+@click.option("--line", metavar="NAME", envvar="VLLM_PATCH_LINE",
+              help="The release line: 'current' (the top-level series) or a folder of lines/ (e.g. v0.20). "
+              "Default: for a target, the line pinned to its vLLM; otherwise 'current'.")
 @click.version_option(__version__, prog_name="vllm-patch")
 @click.pass_context
-def main(ctx: click.Context, series_dir: Path | None) -> None:
+def main(ctx: click.Context, series_dir: Path | None, line: str | None) -> None:
     """Check, apply, revert and package a pinned series of fixes for vLLM.
 
     Exit codes: 0 as asked; 1 a patch does not check, apply or revert (nothing
@@ -145,6 +168,7 @@ def main(ctx: click.Context, series_dir: Path | None) -> None:
     """
     ctx.ensure_object(dict)
     ctx.obj["series_dir"] = series_dir
+    ctx.obj["line"] = line or None
 
 
 @main.command("series")
@@ -189,9 +213,10 @@ def write_command(action: str, verb: str, commit_help: str):
     @click.pass_context
     @handle_errors
     def command(ctx, target_spec, python, kind, wait, as_json, dry_run, force, commit_each) -> None:
-        series = _series(ctx)
         target = _open(target_spec, python, kind)
-        _emit(run_op(target, series, dry_run, force, commit_each, wait, _waiting), as_json)
+        series, line_note = _series_for(ctx, target, force)
+        outcome = run_op(target, series, dry_run, force, commit_each, wait, _waiting)
+        _emit(_noted(outcome, line_note), as_json)
     return command
 
 
@@ -211,10 +236,10 @@ main.command("revert", help="Revert every applied patch, restoring the original 
 def status(ctx, target_spec, python, kind, wait, as_json, full, expect) -> None:
     """Show each patch's state on a target, the vLLM version/commit against the pin,
     and RECORD integrity."""
-    series = _series(ctx)
     target = _open(target_spec, python, kind)
+    series, line_note = _series_for(ctx, target, True)
     outcome = operations.status(target, series, full, wait, force=True, on_wait=_waiting, expect=expect)
-    _emit(outcome, as_json)
+    _emit(_noted(outcome, line_note), as_json)
     sys.exit(EXIT_OK if outcome.ok else EXIT_PATCH_FAILED)
 
 

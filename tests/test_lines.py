@@ -1,0 +1,106 @@
+"""Release lines: the top-level series (``current``) and ``lines/NAME``; a target gets the
+line pinned to its vLLM, ``--line`` chooses, and a target no line fits is refused in one line."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from helpers import build_series, edit, run_cli, snapshot
+from vllm_patch.errors import InputError, PinMismatch
+from vllm_patch.lines import CURRENT, line_for, line_named, lines_of
+
+OLD_VERSION_PY = b"__version__ = version = '0.19.1'\n__commit_id__ = commit_id = 'g0123456789'\n"
+OLD_PIN = {"version": "0.19.1", "tag": "v0.19.1", "commit": "0123456789"}
+
+
+def _repin(series_dir: Path, pin: dict[str, str]) -> None:
+    """Point a test series at another release (its artifacts' names follow; nothing downloads them)."""
+    text = (series_dir / "series").read_text()
+    for key, value in pin.items():
+        text = re.sub(rf"(?m)^#: {key} = .*$", f"#: {key} = {value}", text)
+    text = re.sub(r"(?m)^(#: (?:sdist|wheel) = vllm-)0\.20\.0", rf"\g<1>{pin['version']}", text)
+    (series_dir / "series").write_text(text)
+
+
+@pytest.fixture
+def project(tmp_path, base_files, two_patch_series) -> Path:
+    """The current line (0.20.0, two patches) and lines/v0.19 (0.19.1, one other patch)."""
+    root = tmp_path / "project"
+    shutil.copytree(two_patch_series, root)
+    old_base = {**base_files, "vllm/_version.py": OLD_VERSION_PY}
+    old = build_series(root / "lines" / "v0.19", old_base, [
+        ("old fix", {"vllm/b.py": edit(base_files["vllm/b.py"], b"return 2\n", b"return 22\n")})])
+    _repin(old, OLD_PIN)
+    return root
+
+
+def test_lines_are_listed_and_picked_by_version(project):
+    assert [(line.name, line.root) for line in lines_of(project)] == [
+        (CURRENT, project), ("v0.19", project / "lines" / "v0.19")]
+    assert line_for(project, "0.19.1").name == "v0.19"
+    assert line_for(project, "0.20.0+vp.abc").name == CURRENT
+    with pytest.raises(PinMismatch, match=r"there are: current \(vLLM 0.20.0\), v0.19 \(vLLM 0.19.1\)"):
+        line_for(project, "0.33.0")
+    with pytest.raises(InputError, match="no release line 'v0.18'"):
+        line_named(project, "v0.18")
+    with pytest.raises(InputError):
+        line_named(project, "../x")
+
+
+def test_a_target_gets_the_line_of_its_vllm(project, tree, tmp_path):
+    old_tree = tmp_path / "old-tree"
+    shutil.copytree(tree, old_tree)
+    (old_tree / "vllm/_version.py").write_bytes(OLD_VERSION_PY)
+
+    result = run_cli("--series", str(project), "apply", "--target", str(old_tree), "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert [p["name"] for p in data["patches"]] == ["0001-old-fix.patch"]
+    assert any("release line v0.19" in n for n in data["notes"])
+    assert b"return 22" in (old_tree / "vllm/b.py").read_bytes()
+
+    result = run_cli("--series", str(project), "apply", "--target", str(tree), "--json")
+    assert result.returncode == 0, result.stderr
+    assert [p["name"] for p in json.loads(result.stdout)["patches"]] == ["0001-first-fix.patch",
+                                                                         "0002-second-fix.patch"]
+
+
+def test_line_option_and_refusals(project, tree, tmp_path):
+    before = snapshot(tree)
+    # --line chooses, before or after the command; a line pinned elsewhere is a pin mismatch.
+    for args in (["--line", "v0.19", "apply"], ["apply", "--line", "v0.19"]):
+        result = run_cli("--series", str(project), *args, "--target", str(tree))
+        assert result.returncode == 2 and "0.19.1" in result.stderr, result.stderr
+    unknown = run_cli("--series", str(project), "--line", "v0.18", "status", "--target", str(tree))
+    assert unknown.returncode == 2
+    assert unknown.stderr.strip().splitlines() == [
+        f"error: no release line 'v0.18' in {project}; there are: current (vLLM 0.20.0), v0.19 (vLLM 0.19.1)"]
+
+    # A target no line is pinned to: one line naming the lines; --force takes the current line.
+    new_tree = tmp_path / "new-tree"
+    shutil.copytree(tree, new_tree)
+    (new_tree / "vllm/_version.py").write_bytes(b"__version__ = version = '0.33.0'\n")
+    refused = run_cli("--series", str(project), "apply", "--target", str(new_tree))
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        "error: no release line of this project is pinned to vLLM 0.33.0; there are: current (vLLM 0.20.0), "
+        "v0.19 (vLLM 0.19.1); pass --line NAME --force to use one anyway"]
+    assert snapshot(tree) == before
+    forced = run_cli("--series", str(project), "apply", "--target", str(new_tree), "--force", "--dry-run",
+                     "--json")
+    assert forced.returncode == 0, forced.stderr
+    assert any("release line current" in n for n in json.loads(forced.stdout)["notes"])
+
+
+def test_series_and_check_take_the_line(project):
+    shown = run_cli("--series", str(project), "--line", "v0.19", "series", "--json")
+    assert shown.returncode == 0, shown.stderr
+    data = json.loads(shown.stdout)
+    assert data["pin"]["version"] == "0.19.1"
+    assert [p["name"] for p in data["patches"]] == ["0001-old-fix.patch"]
+    assert json.loads(run_cli("--series", str(project), "series", "--json").stdout)["pin"]["version"] == "0.20.0"
