@@ -86,7 +86,17 @@ LLAMA28 = ModelSpec(
 QWEN3_NEXT12_MTP = ModelSpec(name="qwen3next12-mtp", arch="qwen3_next", config=QWEN3_NEXT12.config, seed=1,
                              std=0.02, mtp_layers=1)
 
-MODELS = {m.name: m for m in (LLAMA6, QWEN3_NEXT12, QWEN3_NEXT12_MTP, LLAMA28)}
+# The hybrid with dense MLPs in every layer (a Qwen3.5/3.6-27B-like dense hybrid), and its MTP layer:
+# the model of the combined and preemption scenarios. A top-2 router of random experts at a near-tie
+# (gaps of 1e-3 occur on the MoE model above) turns the bf16 rounding differences between a token
+# computed as a row of a verify batch and the same token decoded alone into a different pair of
+# experts, and that token's logits move by up to 18 nats: noise no oracle can tell from a fault.
+QWEN3_NEXT12_DENSE_MTP = ModelSpec(
+    name="qwen3next12-dense-mtp", arch="qwen3_next",
+    config={**QWEN3_NEXT12.config, "mlp_only_layers": list(range(QWEN3_NEXT12.config["num_hidden_layers"]))},
+    seed=1, std=0.02, mtp_layers=1)
+
+MODELS = {m.name: m for m in (LLAMA6, QWEN3_NEXT12, QWEN3_NEXT12_MTP, QWEN3_NEXT12_DENSE_MTP, LLAMA28)}
 
 
 def _config(spec: ModelSpec):

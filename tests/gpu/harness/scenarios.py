@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .models import LLAMA6, LLAMA28, QWEN3_NEXT12, QWEN3_NEXT12_MTP, ModelSpec
+from .models import LLAMA6, LLAMA28, QWEN3_NEXT12, QWEN3_NEXT12_DENSE_MTP, QWEN3_NEXT12_MTP, ModelSpec
 
 
 @dataclass(frozen=True)
@@ -177,8 +177,9 @@ def mtp(k: int) -> dict[str, Any]:
 def _combined(preset: str, method: str, dtype: str | None = None, k: int = 3) -> Scenario:
     """What the seeds' users run, at once: the hybrid, TurboQuant, speculation (ngram or MTP),
     FULL_AND_PIECEWISE graphs (the default), a request alone and a mixed batch of 4 in 64-token
-    steps. Judged by the forced oracle: a plain decode over the same quantized cache."""
-    model = QWEN3_NEXT12_MTP
+    steps. Judged by the forced oracle: a plain decode over the same quantized cache. The dense hybrid
+    (see models.QWEN3_NEXT12_DENSE_MTP): on the MoE one a router near-tie moved one token by 18 nats."""
+    model = QWEN3_NEXT12_DENSE_MTP
     vocab = model.config["vocab_size"]
     workloads = (Workload("single", prompts(vocab)[:1], max_tokens=96), Workload("mixed4", prompts(vocab)))
     base: dict[str, Any] = {"kv_cache_dtype": f"turboquant_{preset}", **({"dtype": dtype} if dtype else {})}
@@ -203,7 +204,7 @@ def _preemption(method: str) -> Scenario:
     """Speculation on the hybrid with a KV cache of a few blocks for 12 requests: running requests
     are preempted and recompute their prompt and output in 64-token chunks, so rows past their
     prompt are scheduled several tokens at once (patch 0006 must leave them off the spec path)."""
-    model = QWEN3_NEXT12_MTP
+    model = QWEN3_NEXT12_DENSE_MTP
     vocab = model.config["vocab_size"]
     many = tuple(_prompt(seed, 40 + 8 * (seed % 5), vocab, period=6 + seed % 4) for seed in range(1, 13))
     workloads = (Workload("preempt12", many, max_tokens=160),)
@@ -307,6 +308,8 @@ PROBES: tuple[Scenario, ...] = (
     _single_probe("hybrid-tq4nc", "Qwen3-Next hybrid, TurboQuant 4bit_nc", QWEN3_NEXT12_MTP,
                   kv_cache_dtype="turboquant_4bit_nc"),
     _single_probe("llama-tq", "Llama 6 layers, TurboQuant k8v4", LLAMA6, kv_cache_dtype="turboquant_k8v4"),
+    _single_probe("dense-hybrid-tq", "dense Qwen3-Next hybrid, TurboQuant k8v4", QWEN3_NEXT12_DENSE_MTP,
+                  kv_cache_dtype="turboquant_k8v4"),
 )
 
 BY_NAME = {s.name: s for s in (*SCENARIOS, *PROBES)}
