@@ -86,14 +86,16 @@ LLAMA28 = ModelSpec(
 QWEN3_NEXT12_MTP = ModelSpec(name="qwen3next12-mtp", arch="qwen3_next", config=QWEN3_NEXT12.config, seed=1,
                              std=0.02, mtp_layers=1)
 
-# The hybrid with dense MLPs in every layer (a Qwen3.5/3.6-27B-like dense hybrid), and its MTP layer:
-# the model of the combined and preemption scenarios. A top-2 router of random experts at a near-tie
-# (gaps of 1e-3 occur on the MoE model above) turns the bf16 rounding differences between a token
-# computed as a row of a verify batch and the same token decoded alone into a different pair of
-# experts, and that token's logits move by up to 18 nats: noise no oracle can tell from a fault.
+# The hybrid with every expert active for every token (top-4 of 4), and its MTP layer: the model of
+# the combined and preemption scenarios. A top-2 router of random experts at a near-tie (gaps of
+# 1e-3 occur on the model above) turns the bf16 rounding differences between a token computed as a
+# row of a verify batch and the same token decoded alone into a different pair of experts, and that
+# token's logits move by up to 18 nats: noise no oracle can tell from a fault. With all experts
+# active the layer is a continuous function of its input again. (vLLM 0.20's Qwen3-Next needs at
+# least one MoE layer, so the MLPs cannot simply be dense.)
 QWEN3_NEXT12_DENSE_MTP = ModelSpec(
-    name="qwen3next12-dense-mtp", arch="qwen3_next",
-    config={**QWEN3_NEXT12.config, "mlp_only_layers": list(range(QWEN3_NEXT12.config["num_hidden_layers"]))},
+    name="qwen3next12-allexperts-mtp", arch="qwen3_next",
+    config={**QWEN3_NEXT12.config, "num_experts_per_tok": QWEN3_NEXT12.config["num_experts"]},
     seed=1, std=0.02, mtp_layers=1)
 
 MODELS = {m.name: m for m in (LLAMA6, QWEN3_NEXT12, QWEN3_NEXT12_MTP, QWEN3_NEXT12_DENSE_MTP, LLAMA28)}
