@@ -182,6 +182,31 @@ def test_forced_oracle_names_the_first_wrong_token():
     assert j.workloads[0].off_greedy == [None, 17] and j.workloads[0].max_gap == pytest.approx(20.0)
 
 
+def forced_two(gaps_a, gaps_b, noise_a, noise_b, margin=10.0) -> report.Judgement:
+    """Two workloads: `a` (a lone request) and `b` (a batch of several)."""
+    def run(a, b):
+        return {"booted": True, "workloads": {
+            name: {"tokens": VARIED, "forced": [{"gap": g, "margin": [margin] * len(g), "followed": True}
+                                                for g in gaps]}
+            for name, gaps in (("a", a), ("b", b))}}
+    calib = {"booted": True, "workloads": {"a": {"tokens": VARIED}, "b": {"tokens": VARIED}}}
+    return report.judge_forced("s", "t", {"booted": True, "workloads": {"a": {"tokens": VARIED},
+                                                                         "b": {"tokens": VARIED}}},
+                               run(gaps_a, gaps_b), calib, run(noise_a, noise_b))
+
+
+def test_forced_noise_is_taken_over_every_calibration_workload():
+    """A lone request's tokens come from multi-row verify batches: the noise of the batched
+    calibration workload (1.0 here) bounds them too, so 0.5 passes and 4.5 does not."""
+    quiet = [[0.0] * 32, [0.0] * 32]
+    noisy = [[1.0] + [0.0] * 31, [0.0] * 32]
+    ok = forced_two([[0.0] * 20 + [0.5] + [0.0] * 11, [0.0] * 32], quiet, quiet, noisy)
+    assert ok.verdict == "pass"
+    assert [w.tolerance for w in ok.workloads] == [pytest.approx(2.0), pytest.approx(2.0)]
+    bad = forced_two([[0.0] * 5 + [4.5] + [0.0] * 26, [0.0] * 32], quiet, quiet, noisy)
+    assert bad.verdict == "diverged" and bad.workloads[0].off_greedy == [5, None]
+
+
 def test_forced_oracle_is_invalid_when_the_forcing_failed():
     assert judge_forced(ZERO, followed=False).verdict == "invalid"
     j = report.judge_forced("s", "t", result(), None, result(), forced_run(ZERO))

@@ -183,9 +183,12 @@ def judge_forced(scenario: str, tree: str, test: dict[str, Any], forced: dict[st
     of a plain decode forced along the test's own tokens (same model, same quantized KV cache, no
     speculation). The tolerance is max(TEACHER_TOL, NOISE_FACTOR x the noise), the noise being the
     largest gap of the same forced decode along the tokens of `calibration` (the plain engine run
-    freely with other batching): what batch composition alone moves a correct token. When the
-    tolerance reaches the forced decode's median top-1/top-2 margin, it could not tell a wrong token
-    from an ordinary choice, and the verdict is `invalid`."""
+    freely with other batching): what batch composition alone moves a correct token. It is taken
+    over all the calibration's workloads, whichever workload is judged: the speculative engine
+    computes even a lone request's tokens as rows of a (K+1)-row verify batch, and bf16 GEMMs of
+    several rows round differently from one row's, which only a calibration workload of several
+    requests shows. When the tolerance reaches the forced decode's median top-1/top-2 margin, it
+    could not tell a wrong token from an ordinary choice, and the verdict is `invalid`."""
     def verdict(v: str, detail: str, workloads: list[WorkloadJudgement] | None = None) -> Judgement:
         return Judgement(scenario, tree, v, detail, workloads or [], _summary(test), _summary(forced or {}))
 
@@ -197,12 +200,15 @@ def judge_forced(scenario: str, tree: str, test: dict[str, Any], forced: dict[st
         if res is None or not res.get("booted") or res.get("error"):
             return verdict("invalid", f"{what} missing or crashed: {_crash_text(res or {})}")
     judged: list[WorkloadJudgement] = []
+    noises = {name: _forced_gaps(forced_calibration, name) for name in calibration["workloads"]}
+    if any(n is None for n in noises.values()):
+        return verdict("invalid", "the forced calibration did not follow the tokens (or missed a score)")
+    ref_max_gap = max((x for n in noises.values() for g in n for x in g), default=0.0)
     for name, ref in calibration["workloads"].items():
         got = test["workloads"].get(name, {"tokens": [], "tokens_per_s": None, "spec": {}})
-        gaps, noise = _forced_gaps(forced, name), _forced_gaps(forced_calibration, name)
-        if gaps is None or noise is None:
+        gaps = _forced_gaps(forced, name)
+        if gaps is None:
             return verdict("invalid", f"{name}: the forced decode did not follow the tokens (or missed a score)")
-        ref_max_gap = max((x for g in noise for x in g), default=0.0)
         tolerance = max(TEACHER_TOL, NOISE_FACTOR * ref_max_gap)
         margins = sorted(m for p in forced["workloads"][name]["forced"] for m in p["margin"] if m is not None)
         mism = [first_mismatch(g, w) for g, w in zip(got["tokens"], ref["tokens"], strict=False)]
