@@ -9,6 +9,9 @@
 #   tests/gpu/host.sh scenarios [ARGS]  scenarios on both trees (harness run ARGS, e.g. --scenarios a)
 #   tests/gpu/host.sh bench             the GPU benchmarks (benchmarks/bench_*.py), printed and saved with the report
 #   tests/gpu/host.sh all               setup, kernels, scenarios
+#   tests/gpu/host.sh bad-tree          $VP_HOME/sabotaged: the patched tree with an off-by-one in the
+#                                       verify rows' causal lengths (each row misses its own token), a
+#                                       known bad tree the oracle must catch (VP_TREES="patched sabotaged")
 #   tests/gpu/host.sh save-cache FILE | load-cache FILE   Triton and vLLM compile caches, as tar.xz
 #
 # VP_HOME (default /tmp/vllm-patch-gpu) holds everything; VP_REPORT (default tests/gpu/reports)
@@ -93,7 +96,8 @@ scenarios() {
         case $t in
             unpatched) trees+=(--tree "unpatched=$VP_HOME/pristine") ;;
             patched) trees+=(--tree "patched=$VP_HOME/patched") ;;
-            *) die "unknown tree $t (unpatched, patched)" ;;
+            sabotaged) trees+=(--tree "sabotaged=$VP_HOME/sabotaged") ;;
+            *) die "unknown tree $t (unpatched, patched, sabotaged)" ;;
         esac
     done
     cd "$ROOT/tests/gpu"
@@ -116,6 +120,14 @@ bench() {
     done
 }
 
+bad_tree() {
+    local file=vllm/v1/attention/ops/triton_turboquant_decode.py
+    rm -rf "$VP_HOME/sabotaged"
+    cp -a "$VP_HOME/patched" "$VP_HOME/sabotaged"
+    sed -i 's/torch.arange(1 - k1, 1,/torch.arange(-k1, 0,/' "$VP_HOME/sabotaged/$file"
+    grep -q 'torch.arange(-k1, 0,' "$VP_HOME/sabotaged/$file" || die "the verify row lengths were not found in $file"
+}
+
 # Python's tarfile: the host may have no xz binary.
 save_cache() {
     "$PY" -c 'import sys, tarfile; t = tarfile.open(sys.argv[1], "w:xz", preset=1); t.add(sys.argv[2], "cache"); t.close()' \
@@ -128,7 +140,7 @@ load_cache() {
 }
 
 cmd=${1:-}
-[ -n "$cmd" ] || die "usage: host.sh stage|setup|kernels|scenarios|bench|all|save-cache|load-cache ..."
+[ -n "$cmd" ] || die "usage: host.sh stage|setup|kernels|scenarios|bench|all|bad-tree|save-cache|load-cache ..."
 shift
 case $cmd in
     stage) stage "$@" ;;
@@ -137,6 +149,7 @@ case $cmd in
     scenarios) scenarios "$@" ;;
     bench) bench ;;
     all) setup && kernels && scenarios "$@" ;;
+    bad-tree) bad_tree ;;
     save-cache) save_cache "$@" ;;
     load-cache) load_cache "$@" ;;
     *) die "unknown command $cmd" ;;
