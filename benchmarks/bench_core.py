@@ -25,10 +25,10 @@ from rich.table import Table  # noqa: E402
 
 from realvllm import bench_steps, make_series, make_venv  # noqa: E402
 from vllm_patch import operations  # noqa: E402
+from vllm_patch.infrastructure.downloads import cache_root, fetch, pinned_base_tree  # noqa: E402
 from vllm_patch.series import load_series  # noqa: E402
 from vllm_patch.targets import SitePackagesTarget, TreeTarget  # noqa: E402
 from vllm_patch.targets.site_packages import site_packages_of  # noqa: E402
-from vllm_patch.upstream import cache_root, fetch, pinned_base_tree  # noqa: E402
 
 
 def best(fn, repeat: int) -> float:

@@ -23,10 +23,10 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 from realvllm import CONV, GDN, bench_steps, make_series  # noqa: E402
 from vllm_patch.errors import PatchFailed  # noqa: E402
-from vllm_patch.rebase import Rebaser  # noqa: E402
+from vllm_patch.infrastructure.downloads import pinned_base_tree  # noqa: E402
+from vllm_patch.lifecycle.rebase import Rebaser  # noqa: E402
+from vllm_patch.lifecycle.upstream_trees import UpstreamCache  # noqa: E402
 from vllm_patch.series import load_series  # noqa: E402
-from vllm_patch.upstream import pinned_base_tree  # noqa: E402
-from vllm_patch.upstream_trees import UpstreamCache  # noqa: E402
 
 
 def main() -> None:

@@ -20,9 +20,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 from realvllm import bench_steps, make_series  # noqa: E402
+from vllm_patch.artifacts.wheel import build_wheel  # noqa: E402
+from vllm_patch.infrastructure.downloads import fetch, pinned_base_tree  # noqa: E402
 from vllm_patch.series import load_series  # noqa: E402
-from vllm_patch.upstream import fetch, pinned_base_tree  # noqa: E402
-from vllm_patch.wheel_build import build_wheel  # noqa: E402
 
 
 def median_s(fn, repeat: int) -> float:

@@ -86,7 +86,7 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> sub
 def make_site_packages(root: Path, files: dict[str, bytes], version: str = "0.20.0",
                        newline: str = "\n") -> Path:
     """A site-packages dir holding a vLLM 'installed' from `files`, with a real RECORD."""
-    from vllm_patch.record import make_line
+    from vllm_patch.engine.record import make_line
 
     write_tree(root, files)
     dist = root / f"vllm-{version}.dist-info"

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from helpers import build_series
-from vllm_patch.anchors import find_block
+from vllm_patch.engine.anchors import find_block
 
 TQ = "vllm/v1/attention/backends/turboquant_attn.py"
 GDN = "vllm/v1/attention/backends/gdn_attn.py"

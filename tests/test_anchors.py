@@ -1,4 +1,4 @@
-from vllm_patch.anchors import find_block, splice
+from vllm_patch.engine.anchors import find_block, splice
 
 
 def test_find_block_finds_every_occurrence_including_overlaps():

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_patch.authoring import next_name, patch_file_name
+from vllm_patch.lifecycle.authoring import next_name, patch_file_name
 
 
 @pytest.mark.parametrize(("given", "stored"), [

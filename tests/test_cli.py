@@ -171,7 +171,7 @@ def test_series_command(two_patch_series):
 def test_concurrent_run_fails_with_a_clear_message(tree, two_patch_series):
     import subprocess
     import sys
-    hold = ("import sys, time\nfrom pathlib import Path\nfrom vllm_patch.locking import target_lock\n"
+    hold = ("import sys, time\nfrom pathlib import Path\nfrom vllm_patch.infrastructure.locking import target_lock\n"
             "with target_lock(Path(sys.argv[1])):\n    print('held', flush=True)\n    time.sleep(5)\n")
     holder = subprocess.Popen([sys.executable, "-c", hold, str(tree)], stdout=subprocess.PIPE, text=True)
     try:
@@ -213,7 +213,7 @@ def test_malformed_record_line_is_one_line_exit_2(tmp_path, base_files, two_patc
 def test_corrupt_member_of_a_wheel_is_one_line_exit_2(tmp_path, base_files, two_patch_series):
     import zipfile
 
-    from test_wheel_build import make_wheel
+    from test_wheel import make_wheel
     source = make_wheel(tmp_path / "in", base_files)
     data = bytearray(source.read_bytes())
     with zipfile.ZipFile(source) as zf:

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from helpers import build_series, edit
-from vllm_patch.engine import HunkState, State, analyze, classify, decode
+from vllm_patch.engine.analysis import HunkState, State, analyze, classify, decode
 from vllm_patch.errors import InputError
 from vllm_patch.series import load_series
 

@@ -7,9 +7,9 @@ import time
 import pytest
 
 from vllm_patch.errors import LockBusy
-from vllm_patch.locking import target_lock
+from vllm_patch.infrastructure.locking import target_lock
 
-HOLD = "import sys, time\nfrom pathlib import Path\nfrom vllm_patch.locking import target_lock\n" \
+HOLD = "import sys, time\nfrom pathlib import Path\nfrom vllm_patch.infrastructure.locking import target_lock\n" \
        "with target_lock(Path(sys.argv[1])):\n    print('held', flush=True)\n    time.sleep(float(sys.argv[2]))\n"
 
 

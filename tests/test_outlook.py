@@ -10,16 +10,16 @@ import shutil
 import pytest
 
 from helpers import build_series, edit, git, git_repo
-from vllm_patch import merge3, rebase
+from vllm_patch.engine.patchfile import parse_patch
+from vllm_patch.engine.pin import Artifact, Pin
 from vllm_patch.errors import InputError, UpstreamError
-from vllm_patch.obsolete import Judge, conditions
-from vllm_patch.outlook import build_outlook, carry, print_outlook, to_dict, to_markdown
-from vllm_patch.patchfile import parse_patch
-from vllm_patch.pin import Artifact, Pin
-from vllm_patch.pycheck import check_files
-from vllm_patch.rebase import Rebaser, Step, _build_tag, port, series_text
+from vllm_patch.lifecycle import merge3, rebase
+from vllm_patch.lifecycle.obsolete import Judge, conditions
+from vllm_patch.lifecycle.outlook import build_outlook, carry, print_outlook, to_dict, to_markdown
+from vllm_patch.lifecycle.pycheck import check_files
+from vllm_patch.lifecycle.rebase import Rebaser, Step, _build_tag, port, series_text
+from vllm_patch.lifecycle.upstream_trees import Moves, UpstreamCache
 from vllm_patch.series import load_series
-from vllm_patch.upstream_trees import Moves, UpstreamCache
 
 VERSION = b"__version__ = version = '%s'\n__commit_id__ = commit_id = 'g%s'\n"
 BODY = "".join(f"def f{i}(x):\n    return x + {i}\n\n\n" for i in range(30))

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
+from vllm_patch.engine.patchfile import parse_patch
 from vllm_patch.errors import InputError
-from vllm_patch.patchfile import parse_patch
 
 GOOD = b"""\
 From 0123456789abcdef0123456789abcdef01234567 Mon Sep 17 00:00:00 2001

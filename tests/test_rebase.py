@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from helpers import build_series, edit
-from vllm_patch.merge3 import has_markers, merge_file
-from vllm_patch.rebase import Step, range_diff, rebase_one, series_text
+from vllm_patch.lifecycle.merge3 import has_markers, merge_file
+from vllm_patch.lifecycle.rebase import Step, range_diff, rebase_one, series_text
 from vllm_patch.series import load_series
 
 OLD = {"m.txt": b"".join(f"line {i}\n".encode() for i in range(1, 21))}

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from helpers import PIN_LINES
+from vllm_patch.engine.pin import pin_from_fields
 from vllm_patch.errors import InputError
-from vllm_patch.pin import pin_from_fields
 from vllm_patch.series import load_series, parse_series_text
 
 

@@ -9,14 +9,14 @@ import pytest
 from click.testing import CliRunner
 
 from helpers import make_site_packages, snapshot
-from test_wheel_build import make_wheel
+from test_wheel import make_wheel
 from vllm_patch import operations
+from vllm_patch.artifacts.wheel import build_wheel
 from vllm_patch.cli import main
+from vllm_patch.engine.state import SCHEMA, STATE_FILE, AppliedState, load
 from vllm_patch.errors import TargetError
 from vllm_patch.series import load_series
-from vllm_patch.state import SCHEMA, STATE_FILE, AppliedState, load
 from vllm_patch.targets import SitePackagesTarget
-from vllm_patch.wheel_build import build_wheel
 
 
 def test_round_trip_and_legacy_files():

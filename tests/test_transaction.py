@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from vllm_patch.errors import TargetError
-from vllm_patch.transaction import Journal, commit, read_files, recover
+from vllm_patch.infrastructure.transaction import Journal, commit, read_files, recover
 
 
 def journal(root: Path) -> Journal:
@@ -49,7 +49,7 @@ def test_exception_mid_write_rolls_back(tmp_path):
 KILL_SCRIPT = """
 import sys
 from pathlib import Path
-from vllm_patch.transaction import Journal, commit
+from vllm_patch.infrastructure.transaction import Journal, commit
 root = Path(sys.argv[1])
 commit(Journal(root, root / ".journal"), {"a": b"A2", "b": b"B2", "c": b"C2"})
 """
@@ -138,7 +138,7 @@ AFTER = {"pkg/a.py": b"A2", "pkg/b.py": BIG[::-1], "old/only.py": None, "new/dee
 CHILD = """
 import pickle, sys
 from pathlib import Path
-from vllm_patch.transaction import Journal, commit
+from vllm_patch.infrastructure.transaction import Journal, commit
 root = Path(sys.argv[1])
 changes = pickle.loads(Path(sys.argv[2]).read_bytes())
 print("ready", flush=True)

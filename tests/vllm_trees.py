@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from vllm_patch.infrastructure.downloads import pinned_base_tree
 from vllm_patch.operations import apply
 from vllm_patch.series import load_series
 from vllm_patch.targets.tree import TreeTarget
-from vllm_patch.upstream import pinned_base_tree
 
 PROJECT = Path(__file__).resolve().parents[1]
 

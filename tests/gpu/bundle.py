@@ -26,8 +26,8 @@ from pathlib import Path
 PROJECT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(PROJECT / "tool"))
 
+from vllm_patch.infrastructure.downloads import fetch  # noqa: E402
 from vllm_patch.series import load_series  # noqa: E402
-from vllm_patch.upstream import fetch  # noqa: E402
 
 # Left out of the wheel: 144 MB of FlashAttention 3 (TurboQuant refuses FA >= 3) and DeepGEMM.
 DROPPED = ("vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so", "vllm/third_party/deep_gemm/")

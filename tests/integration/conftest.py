@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from realvllm import ambiguous_steps, make_series, make_venv, sample_series_steps
+from vllm_patch.infrastructure.downloads import fetch, pinned_base_tree
 from vllm_patch.series import load_series
-from vllm_patch.upstream import fetch, pinned_base_tree
 
 PROJECT = Path(__file__).resolve().parents[2]
 

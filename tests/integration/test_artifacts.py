@@ -15,7 +15,7 @@ import pytest
 
 from helpers import run_cli
 from realvllm import NEW_KERNEL, make_venv
-from vllm_patch.engine import analyze
+from vllm_patch.engine.analysis import analyze
 from vllm_patch.series import load_series
 
 pytestmark = pytest.mark.integration

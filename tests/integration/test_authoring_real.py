@@ -9,7 +9,7 @@ import pytest
 
 from helpers import git, git_repo, run_cli, snapshot
 from realvllm import GDN, RUNNER, ambiguous_steps, make_series, sample_series_steps
-from vllm_patch.engine import analyze, touched
+from vllm_patch.engine.analysis import analyze, touched
 from vllm_patch.series import load_series
 
 pytestmark = pytest.mark.integration

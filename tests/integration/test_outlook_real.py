@@ -19,7 +19,7 @@ import pytest
 
 from helpers import run_cli, snapshot
 from realvllm import GDN, GDN_LAYER, make_series, replace_once
-from vllm_patch.obsolete import conditions
+from vllm_patch.lifecycle.obsolete import conditions
 from vllm_patch.series import load_series
 
 pytestmark = pytest.mark.integration

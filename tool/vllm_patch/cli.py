@@ -13,12 +13,12 @@ from rich.console import Console
 
 from . import __version__, operations, report
 from .errors import EXIT_OK, EXIT_PATCH_FAILED, EXIT_USAGE, VllmPatchError
+from .infrastructure.downloads import pinned_base_tree
 from .lines import line_named
 from .operations import PatchFailedWith
 from .series import Series, find_series_root, load_series
 from .targets import KINDS, open_target
 from .targets.base import Target
-from .upstream import pinned_base_tree
 
 DEBUG_ENV = "VLLM_PATCH_DEBUG"
 
@@ -285,7 +285,7 @@ def build_wheel_cmd(ctx: click.Context, source: Path | None, out_dir: Path, as_j
 def rebase(ctx: click.Context, tag: str | None, resume: bool, skip: bool, drops: tuple[str, ...], reason: str | None,
            allow_new: tuple[str, ...], abort: bool, repo: str | None, show_range_diff: bool, as_json: bool) -> None:
     """Rebase the series onto TAG (e.g. v0.21.0): clean, merged, upstreamed or obsolete (dropped), or conflict."""
-    from .rebase import RebaseConflict
+    from .lifecycle.rebase import RebaseConflict
 
     root = _root(ctx)
     try:
@@ -319,7 +319,7 @@ def outlook(ctx: click.Context, releases: str | None, to_tag: str | None, repo: 
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from . import outlook as outlook_mod
+    from .lifecycle import outlook as outlook_mod
 
     if releases and to_tag:
         raise click.UsageError("give --releases or --to, not both")
@@ -403,8 +403,8 @@ def refresh(ctx, name, tree, files, unique, upstream, as_json) -> None:
 def _header(name, subject, author, origin, bug, forwarded):
     from email.utils import formatdate
 
-    from .authoring import trailers
-    from .patchwriter import Header
+    from .lifecycle.authoring import trailers
+    from .lifecycle.patchwriter import Header
     return Header(name or "", subject or "", author or "", formatdate(), trailers(origin, bug, forwarded))
 
 

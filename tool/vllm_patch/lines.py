@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from .engine.patchfile import check_path
 from .errors import InputError, PinMismatch
-from .patchfile import check_path
 from .series import PATCH_DIR, SERIES_FILE, Series, load_series
 
 LINES_DIR = "lines"

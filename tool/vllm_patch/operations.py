@@ -14,10 +14,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .engine import Analysis, Contents, analyze, created_modes, touched
+from .engine.analysis import Analysis, Contents, analyze, created_modes, touched
+from .engine.patchfile import Patch
 from .errors import PatchFailed
-from .locking import target_lock
-from .patchfile import Patch
+from .infrastructure.locking import target_lock
 from .series import Series, load_series
 from .targets.base import Found, Target
 
@@ -195,8 +195,8 @@ def outlook(series: Series, releases: list[str] | None = None, to: str | None = 
     """Each patch's fate on the pinned release and newer ones (see `outlook.build_outlook`);
     reads the upstream cache and the index, writes nothing of the series. `root` (the
     series' project) runs the ``Obsolete-If: test ...`` checks."""
-    from .outlook import build_outlook
-    from .upstream_trees import UpstreamCache
+    from .lifecycle.outlook import build_outlook
+    from .lifecycle.upstream_trees import UpstreamCache
 
     return build_outlook(series, UpstreamCache(), releases, to, repo, quiet, progress, root)
 
@@ -229,8 +229,8 @@ def series_for(project: Path, target: Target, line: str | None = None,
 
 def build_wheel(series: Series, source: Path | None, out_dir: Path, quiet: bool = False):
     """The patched wheel from `source` (default: the pinned wheel, downloaded and sha256-checked)."""
-    from .upstream import fetch
-    from .wheel_build import build_wheel as build
+    from .artifacts.wheel import build_wheel as build
+    from .infrastructure.downloads import fetch
 
     verified = source is None
     return build(series, source or fetch(series.pin.wheel, quiet=quiet), out_dir, verified)
@@ -244,10 +244,10 @@ def rebase(root: Path, tag: str | None = None, resume: bool = False, skip: bool 
     the series in `root`. Returns the RebaseResult, or for `abort` whether one was in progress;
     a stop on a conflict raises RebaseConflict (carrying the result so far)."""
     from .errors import InputError
-    from .rebase import Rebaser
+    from .infrastructure.transaction import SeriesDir
+    from .lifecycle.rebase import Rebaser
+    from .lifecycle.upstream_trees import UpstreamCache, get_tree
     from .series import load_series
-    from .transaction import SeriesDir
-    from .upstream_trees import UpstreamCache, get_tree
 
     stopped_drop = bool(drops) and not tag
     if sum(map(bool, (tag, resume, abort, skip, stopped_drop))) != 1:
@@ -276,9 +276,9 @@ def rebase(root: Path, tag: str | None = None, resume: bool = False, skip: bool 
 def author(root: Path, upstream: str | None = None, quiet: bool = False):
     """The authoring commands' worker (refresh, new, import) on the series in `root`, over the
     pinned base from the upstream cache."""
-    from .authoring import Author
+    from .lifecycle.authoring import Author
+    from .lifecycle.upstream_trees import UpstreamCache, get_tree
     from .series import load_series
-    from .upstream_trees import UpstreamCache, get_tree
 
     series = load_series(root)
     cache = UpstreamCache()
@@ -293,8 +293,8 @@ def import_patches(root: Path, source: str, repo: Path | None, header_for: Calla
     name and subject only go to a single patch)."""
     import re
 
-    from .authoring import git_range_diff
     from .errors import InputError
+    from .lifecycle.authoring import git_range_diff
 
     if repo:
         mails = [m for m in re.split(r"(?m)^(?=From [0-9a-f]{40} )", git_range_diff(repo, source).decode()) if m]

@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from .engine import State
+from .engine.analysis import State
 from .operations import Outcome
 from .series import Series
 

@@ -18,10 +18,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .engine import touched
+from .engine.analysis import touched
+from .engine.patchfile import Patch, check_path, parse_patch
+from .engine.pin import PIN_KEYS, Pin, pin_from_fields
 from .errors import InputError
-from .patchfile import Patch, check_path, parse_patch
-from .pin import PIN_KEYS, Pin, pin_from_fields
 
 SERIES_FILE = "series"
 PATCH_DIR = "patches"

@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..engine import Analysis, Contents
+from ..engine.analysis import Analysis, Contents
+from ..engine.patchfile import Patch
+from ..engine.pin import Pin
+from ..engine.versionfile import VersionInfo, parse_version_file
 from ..errors import PinMismatch
-from ..patchfile import Patch
-from ..pin import Pin
-from ..transaction import Journal, commit, read_files, recover
-from ..versionfile import VersionInfo, parse_version_file
+from ..infrastructure.transaction import Journal, commit, read_files, recover
 
 VERSION_FILE = "vllm/_version.py"
 

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import git
 
-from ..engine import Analysis, Contents
+from ..engine.analysis import Analysis, Contents
+from ..engine.patchfile import Patch
+from ..engine.pin import Pin
 from ..errors import PinMismatch, TargetError
-from ..gitindex import private_index, stage
-from ..patchfile import Patch
-from ..pin import Pin
-from ..transaction import Journal
+from ..infrastructure.gitindex import private_index, stage
+from ..infrastructure.transaction import Journal
 from .base import Found, Plan, Target
 
 

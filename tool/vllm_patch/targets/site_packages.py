@@ -17,11 +17,11 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from .. import record
-from ..engine import Analysis, Contents
+from ..engine import record
+from ..engine.analysis import Analysis, Contents
+from ..engine.patchfile import Patch
+from ..engine.state import STATE_FILE, AppliedState, load
 from ..errors import TargetError
-from ..patchfile import Patch
-from ..state import STATE_FILE, AppliedState, load
 from .base import Found, Plan, Target
 
 
@@ -98,7 +98,7 @@ class SitePackagesTarget(Target):
 
     @property
     def journal(self):
-        from ..transaction import Journal
+        from ..infrastructure.transaction import Journal
         return Journal.of(self.root, self.dist_info.name)
 
     def found(self) -> Found:

@@ -13,10 +13,9 @@ from datetime import date
 from email.utils import formatdate
 from pathlib import Path
 
-from .anchors import nearest_block
-from .engine import Analysis, Contents, HunkReport, HunkState, analyze, decode, touched
-from .errors import InputError, PatchFailed
-from .patchfile import (
+from ..engine.analysis import Analysis, Contents, HunkReport, HunkState, analyze, decode, touched
+from ..engine.anchors import nearest_block
+from ..engine.patchfile import (
     Hunk,
     Patch,
     check_no_nul,
@@ -27,9 +26,10 @@ from .patchfile import (
     parse_patch,
     split_mail,
 )
+from ..errors import InputError, PatchFailed
+from ..infrastructure.transaction import SeriesDir, read_files
+from ..series import PATCH_DIR, SERIES_FILE, Series
 from .patchwriter import Header, PatchWriter
-from .series import PATCH_DIR, SERIES_FILE, Series
-from .transaction import SeriesDir, read_files
 from .upstream_trees import UpstreamCache
 
 

@@ -23,13 +23,13 @@ from installer.sources import WheelFile as SourceWheel
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from . import record
-from .engine import Analysis, analyze, touched
-from .errors import DownloadError, InputError, PatchFailed, PinMismatch
+from ..engine import record
+from ..engine.analysis import Analysis, analyze, touched
+from ..engine.state import STATE_FILE, AppliedState
+from ..errors import DownloadError, InputError, PatchFailed, PinMismatch
+from ..infrastructure.downloads import file_sha256
+from ..series import Series
 from .rawzip import can_copy_raw, copy_raw
-from .series import Series
-from .state import STATE_FILE, AppliedState
-from .upstream import file_sha256
 
 # Members a source wheel may carry that cannot survive a rewrite: signatures of the old RECORD.
 SIGNATURES = ("RECORD.jws", "RECORD.p7s")

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
-from .errors import InputError
+from ..errors import InputError
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from pathlib import Path
 from platformdirs import user_cache_path
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-from .errors import DownloadError
-from .pin import Artifact, Pin
+from ..engine.pin import Artifact, Pin
+from ..errors import DownloadError
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 

@@ -29,17 +29,17 @@ from pathlib import Path
 
 import git
 
-from .engine import Contents, State, analyze, classify, decode, encode, touched
-from .errors import InputError, PatchFailed, UpstreamError
+from ..engine.analysis import Contents, State, analyze, classify, decode, encode, touched
+from ..engine.patchfile import Patch
+from ..engine.pin import Artifact, Pin
+from ..errors import InputError, PatchFailed, UpstreamError
+from ..infrastructure.downloads import index_files, indexed_artifact
+from ..infrastructure.transaction import SeriesDir
+from ..series import PATCH_DIR, SERIES_FILE, Series, parse_series_text
 from .merge3 import conflict_regions, marker_lines, merge_file
 from .obsolete import Judge, project_test_runner
-from .patchfile import Patch
 from .patchwriter import Header, PatchWriter
-from .pin import Artifact, Pin
 from .pycheck import check_files
-from .series import PATCH_DIR, SERIES_FILE, Series, parse_series_text
-from .transaction import SeriesDir
-from .upstream import index_files, indexed_artifact
 from .upstream_trees import Moves, UpstreamCache, UpstreamTree
 
 STATE_DIR = ".vllm-patch-rebase"

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from vllm_patch import upstream
+from vllm_patch.engine.pin import Artifact
 from vllm_patch.errors import DownloadError
-from vllm_patch.pin import Artifact
+from vllm_patch.infrastructure import downloads as upstream
 
 
 def make_sdist() -> bytes:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from installer.records import Hash, InvalidRecordEntry, RecordEntry, parse_record_file
 
-from .errors import TargetError
+from ..errors import TargetError
 
 
 def record_hash(data: bytes) -> str:

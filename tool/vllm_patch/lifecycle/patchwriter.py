@@ -11,10 +11,10 @@ from email.utils import parseaddr
 
 import git
 
-from .engine import Contents, analyze
-from .errors import PatchFailed, UpstreamError
-from .gitindex import private_index, stage
-from .patchfile import Patch, parse_patch
+from ..engine.analysis import Contents, analyze
+from ..engine.patchfile import Patch, parse_patch
+from ..errors import PatchFailed, UpstreamError
+from ..infrastructure.gitindex import private_index, stage
 from .upstream_trees import UpstreamCache
 
 MAX_CONTEXT = 40

@@ -19,11 +19,11 @@ from pathlib import Path, PurePosixPath
 import git
 from packaging.version import InvalidVersion, Version
 
-from .engine import Contents
-from .errors import DownloadError, InputError, UpstreamError
-from .gitindex import private_index
-from .upstream import cache_root, fetch, indexed_artifact, unpack_sdist
-from .versionfile import parse_version_file
+from ..engine.analysis import Contents
+from ..engine.versionfile import parse_version_file
+from ..errors import DownloadError, InputError, UpstreamError
+from ..infrastructure.downloads import cache_root, fetch, indexed_artifact, unpack_sdist
+from ..infrastructure.gitindex import private_index
 
 FIXED = {"GIT_AUTHOR_NAME": "vllm-patch", "GIT_AUTHOR_EMAIL": "vllm-patch@localhost",
          "GIT_COMMITTER_NAME": "vllm-patch", "GIT_COMMITTER_EMAIL": "vllm-patch@localhost",

@@ -29,14 +29,14 @@ from packaging.version import InvalidVersion, Version
 from rich.console import Console
 from rich.table import Table
 
-from .engine import Contents, analyze, touched
-from .errors import DownloadError, InputError, PatchFailed
+from ..engine.analysis import Contents, analyze, touched
+from ..engine.pin import Pin
+from ..errors import DownloadError, InputError, PatchFailed
+from ..infrastructure.downloads import index_files, index_url
+from ..series import Series
 from .merge3 import conflict_regions
 from .obsolete import Judge, project_test_runner
-from .pin import Pin
 from .rebase import Port, Step, follow, port
-from .series import Series
-from .upstream import index_files, index_url
 from .upstream_trees import Moves, UpstreamCache, UpstreamTree, get_tree, version_of_tag
 
 GLYPHS = {"clean": "✓", "merged": "≈", "moved": "→", "upstreamed": "↑", "obsolete": "⊘", "conflict": "✗",

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import TargetError
+from ..errors import TargetError
 
 JOURNAL_FILE = "journal.json"
 FAULT_ENV = "VLLM_PATCH_FAULT_AFTER_WRITES"
@@ -119,12 +119,10 @@ def preflight(root: Path, changes: Mapping[str, bytes | None]) -> None:
         probed.add(parent)
         if _is_read_only(parent):
             raise TargetError(f"{parent} is read-only; nothing was changed")
-        probe = parent / ".vllm-patch-probe"
-        try:
-            probe.write_bytes(b"")
-            probe.unlink()
-        except OSError as exc:
-            raise TargetError(f"{parent} is not writable ({exc.strerror}); nothing was changed") from None
+        # access(2), not a probe file: a kill between a probe's creation and its removal would
+        # leave a file that no journal knows of. It also sees read-only mounts (EROFS).
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise TargetError(f"{parent} is not writable; nothing was changed")
 
 
 JOURNAL_DIR = ".vllm-patch-journal"

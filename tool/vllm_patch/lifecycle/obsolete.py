@@ -27,9 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .engine import Contents
-from .errors import InputError
-from .patchfile import Patch
+from ..engine.analysis import Contents
+from ..engine.patchfile import Patch
+from ..errors import InputError
 
 TRAILER = "Obsolete-If"
 RE_FILE = re.compile(r"^(?P<path>\S+)\s+(?P<op>contains|matches)\s+(?P<text>.+)$")

@@ -13,8 +13,8 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from . import __version__
-from .errors import InputError, TargetError
+from .. import __version__
+from ..errors import InputError, TargetError
 from .patchfile import Patch, parse_patch
 
 STATE_FILE = "vllm_patch.json"

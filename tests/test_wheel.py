@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from wheel.wheelfile import WheelFile
 
+from vllm_patch.artifacts.wheel import build_wheel, local_version, output_name, set_metadata_version
 from vllm_patch.errors import DownloadError, InputError, PatchFailed, PinMismatch
 from vllm_patch.series import load_series
-from vllm_patch.wheel_build import build_wheel, local_version, output_name, set_metadata_version
 
 METADATA = "Metadata-Version: 2.1\nName: vllm\nVersion: {v}\nSummary: x\n\nVersion: in the body stays\n"
 

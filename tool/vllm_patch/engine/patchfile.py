@@ -21,7 +21,7 @@ from unidiff.constants import (
     LINE_TYPE_REMOVED,
 )
 
-from .errors import InputError
+from ..errors import InputError
 
 RE_HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)$")
 RE_TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*): (.+)$")

@@ -12,8 +12,8 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ..errors import InputError
 from .anchors import find_block, splice
-from .errors import InputError
 from .patchfile import FileDiff, Patch
 
 Lines = list[str]

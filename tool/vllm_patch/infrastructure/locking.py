@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import LockBusy, TargetError
+from ..errors import LockBusy, TargetError
 
 
 @contextmanager

@@ -1,0 +1,1 @@
+"""The series' lifecycle: upstream trees, rebase, outlook, obsolete checks, authoring."""
