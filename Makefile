@@ -33,7 +33,7 @@ image-wheel: wheel ## build the container image from the patched wheel in dist/
 	@LINE=$(LINE) scripts/build-image from-wheel $(IMAGE) $(VLLM_IMAGE)
 
 image-base: wheel ## a local stand-in for vllm/vllm-openai (Debian + the real wheel), for hosts without a registry
-	@scripts/image-base "$$($(BIN)/python -c 'from vllm_patch.series import load_series; from vllm_patch.infrastructure.downloads import fetch; print(fetch(load_series(".").pin.wheel, quiet=True))')" localhost/vllm-base:0.20.0
+	@scripts/image-base "$$($(BIN)/python -c 'from pathlib import Path; from vllm_patch.series import load_series; from vllm_patch.infrastructure.downloads import fetch; print(fetch(load_series(Path(".")).pin.wheel, quiet=True))')" localhost/vllm-base:0.20.0
 
 lint: setup ## ruff and hadolint
 	$(BIN)/ruff check tool tests benchmarks
