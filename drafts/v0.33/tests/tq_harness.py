@@ -1,0 +1,229 @@
+"""Load vLLM 0.33's TurboQuant / UltraQuant backend modules from a source tree with light stubs.
+
+Only the two backend files run for real (exec'd from the tree with their own ``__import__``); every
+``vllm.*`` name they import comes from the small stand-ins below. ``AttentionCGSupport`` is the tree's
+own enum, cut out of ``vllm/v1/attention/backend.py`` with ``ast``. The TurboQuant and UltraQuant
+decode kernels are replaced by one dense reference: for row r it attends over the first
+``seq_lens[r]`` cache positions of ``block_table[r]`` and records the ``seq_lens`` it was given.
+The cache in these tests is a plain float tensor ``(num_blocks, block_size, Hk, 2 * D)`` holding K|V.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import enum
+import logging
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any, ClassVar, Generic, TypeVar
+
+import torch
+
+TQ = "vllm/v1/attention/backends/turboquant_attn.py"
+UQ = "vllm/v1/attention/backends/ultraquant_attn.py"
+BACKEND = "vllm/v1/attention/backend.py"
+
+_real_import = builtins.__import__
+
+
+def tree_class(tree: Path, relpath: str, name: str, **scope) -> type:
+    """One top-level class of a tree file, compiled on its own."""
+    path = tree / relpath
+    mod = ast.parse(path.read_text(), str(path))
+    node = next(n for n in mod.body if isinstance(n, ast.ClassDef) and n.name == name)
+    ns: dict[str, Any] = dict(scope)
+    exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec"), ns)
+    return ns[name]
+
+
+class Recorder:
+    """The reference decode kernel: records the causal lengths each call was given."""
+
+    def __init__(self) -> None:
+        self.seq_lens: list[list[int]] = []
+
+    def attend(self, query, kv_cache, block_table, seq_lens, scale) -> torch.Tensor:
+        lens = [int(x) for x in seq_lens.tolist()]
+        self.seq_lens.append(lens)
+        B, Hq, D = query.shape
+        bs, Hk = kv_cache.shape[1], kv_cache.shape[2]
+        out = torch.zeros(B, Hq, D, dtype=torch.float32)
+        for r in range(B):
+            L = lens[r]
+            if L <= 0:
+                continue
+            pos = torch.arange(L)
+            blocks = block_table[r, pos // bs].long()
+            kv = kv_cache[blocks, pos % bs].float()  # (L, Hk, 2D)
+            k, v = kv[..., :D], kv[..., D:]
+            for h in range(Hq):
+                kh = h // (Hq // Hk)
+                w = torch.softmax((k[:, kh] @ query[r, h].float()) * scale, dim=0)
+                out[r, h] = w @ v[:, kh]
+        return out.to(query.dtype)
+
+
+def _module(name: str, **attrs) -> ModuleType:
+    m = ModuleType(name)
+    m.__dict__.update(attrs)
+    return m
+
+
+M = TypeVar("M")
+
+
+def make_stubs(tree: Path, rec: Recorder) -> dict[str, ModuleType]:
+    AttentionCGSupport = tree_class(tree, BACKEND, "AttentionCGSupport", Enum=enum.Enum)
+
+    class AttentionMetadataBuilder(Generic[M]):
+        _cudagraph_support: ClassVar[Any] = AttentionCGSupport.NEVER
+        reorder_batch_threshold: int | None = None
+
+        def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
+            self.kv_cache_spec, self.layer_names = kv_cache_spec, layer_names
+            self.vllm_config, self.device = vllm_config, device
+
+        @classmethod
+        def get_cudagraph_support(cls, vllm_config, kv_cache_spec):
+            return cls._cudagraph_support  # as 0.33's AttentionMetadataBuilder
+
+        def _init_reorder_batch_threshold(self, reorder_batch_threshold=1, supports_spec_as_decode=False,
+                                          supports_dcp_with_varlen=False):
+            self.reorder_batch_threshold = reorder_batch_threshold
+
+    class AttentionImpl(Generic[M]):
+        pass
+
+    class AttentionBackend:
+        pass
+
+    class AttentionMetadata:
+        pass
+
+    @dataclass
+    class CommonAttentionMetadata:
+        query_start_loc: torch.Tensor
+        query_start_loc_cpu: torch.Tensor
+        seq_lens: torch.Tensor
+        num_reqs: int
+        num_actual_tokens: int
+        max_query_len: int
+        max_seq_len: int
+        block_table_tensor: torch.Tensor
+        slot_mapping: torch.Tensor
+        seq_lens_cpu_upper_bound: torch.Tensor | None = None
+
+    def split_decodes_and_prefills(cam, decode_threshold=1, **_):
+        qsl = cam.query_start_loc_cpu
+        q_lens = (qsl[1:] - qsl[:-1]).tolist()
+        nd = 0
+        while nd < len(q_lens) and q_lens[nd] <= decode_threshold:
+            nd += 1
+        ndt = int(qsl[nd])
+        return nd, len(q_lens) - nd, ndt, cam.num_actual_tokens - ndt
+
+    def tq_decode(*, query, kv_cache, block_table, seq_lens, scale, **_):
+        return rec.attend(query, kv_cache, block_table, seq_lens, scale)
+
+    def uq_unified(*, query, kv_cache, block_table, seq_lens, scale, max_query_len=1, output=None, **_):
+        assert max_query_len == 1
+        return rec.attend(query, kv_cache, block_table, seq_lens, scale)
+
+    def unused(*a, **k):
+        raise AssertionError("not expected in this test")
+
+    class KVCacheLayout(enum.Enum):
+        LBNHC = "LBNHC"
+
+    vllm_config = SimpleNamespace(
+        attention_config=SimpleNamespace(tq_max_kv_splits_for_cuda_graph=4),
+        model_config=SimpleNamespace(max_model_len=4096),
+    )
+    return {
+        "vllm.config": _module("vllm.config", get_current_vllm_config=lambda: vllm_config),
+        "vllm.config.cache": _module("vllm.config.cache", CacheDType=str),
+        "vllm.logger": _module("vllm.logger", init_logger=logging.getLogger),
+        "vllm.model_executor.layers.quantization.turboquant.centroids": _module(
+            "c", get_centroids=unused),
+        "vllm.triton_utils": _module("vllm.triton_utils", triton=SimpleNamespace(
+            next_power_of_2=lambda n: 1 << (n - 1).bit_length())),
+        "vllm.utils.math_utils": _module("m", round_up=lambda x, m: (x + m - 1) // m * m),
+        "vllm.v1.attention.backend": _module(
+            "vllm.v1.attention.backend", AttentionBackend=AttentionBackend, AttentionCGSupport=AttentionCGSupport,
+            AttentionImpl=AttentionImpl, AttentionLayer=Any, AttentionMetadata=AttentionMetadata,
+            AttentionMetadataBuilder=AttentionMetadataBuilder,
+            AttentionType=SimpleNamespace(DECODER="decoder"), CommonAttentionMetadata=CommonAttentionMetadata,
+            MultipleOf=int),
+        "vllm.v1.attention.backends.fa_utils": _module(
+            "fa", get_flash_attn_version=lambda **_: None, is_flash_attn_varlen_func_available=lambda: False),
+        "vllm.v1.attention.backends.utils": _module("u", split_decodes_and_prefills=split_decodes_and_prefills),
+        "vllm.v1.attention.ops.flydsl_turboquant_decode": _module(
+            "f", flydsl_turboquant_decode_attention=unused, is_flydsl_available=lambda: False,
+            is_flydsl_gqa6_available=lambda: False),
+        "vllm.v1.attention.ops.triton_turboquant_decode": _module(
+            "d", _tq_full_dequant_kv=None, _use_fp8_e4b15=unused, triton_turboquant_decode_attention=tq_decode),
+        "vllm.v1.attention.ops.triton_turboquant_store": _module("s", triton_turboquant_store=unused),
+        "vllm.v1.kv_cache_interface": _module("k", AttentionSpec=object, KVCacheLayout=KVCacheLayout),
+        "vllm.v1.worker.workspace": _module(
+            "w", current_workspace_manager=unused, is_workspace_manager_initialized=lambda: False),
+        "vllm.v1.attention.ops.flydsl_ultraquant_decode": _module(
+            "fu", flydsl_ultraquant_decode_attention=unused, is_ultraquant_flydsl_available=lambda: False,
+            ultraquant_flydsl_decode_eligible=lambda **_: False),
+        "vllm.v1.attention.ops.ultraquant.format": _module("uf", slot_size=lambda d: d),
+        "vllm.v1.attention.ops.ultraquant.triton_unified_attention": _module(
+            "uu", ultraquant_unified_attention=uq_unified),
+    }
+
+
+def _exec_file(tree: Path, relpath: str, name: str, stubs: dict[str, ModuleType]) -> ModuleType:
+    def _import(mod_name, globals=None, locals=None, fromlist=(), level=0):
+        if level == 0 and (mod_name == "vllm" or mod_name.startswith("vllm.")):
+            if mod_name not in stubs:
+                raise ImportError(f"no stand-in for {mod_name}")
+            return stubs[mod_name]
+        return _real_import(mod_name, globals, locals, fromlist, level)
+
+    path = tree / relpath
+    module = ModuleType(name)
+    module.__file__ = str(path)
+    module.__dict__["__builtins__"] = {**builtins.__dict__, "__import__": _import}
+    sys.modules[name] = module  # dataclasses look the module up
+    exec(compile(path.read_text(), str(path), "exec"), module.__dict__)
+    return module
+
+
+def load(tree: Path) -> tuple[ModuleType, ModuleType, Recorder]:
+    """(turboquant_attn, ultraquant_attn, recorder) of ``tree``."""
+    tree = Path(tree).resolve()
+    rec = Recorder()
+    stubs = make_stubs(tree, rec)
+    key = abs(hash(str(tree)))
+    tq = _exec_file(tree, TQ, f"_tq_under_test_{key}", stubs)
+    stubs["vllm.v1.attention.backends.turboquant_attn"] = tq
+    uq = _exec_file(tree, UQ, f"_uq_under_test_{key}", stubs)
+    return tq, uq, rec
+
+
+def bare_impl(cls, num_heads: int, num_kv_heads: int, head_size: int):
+    """An impl without running __init__ (which wants a whole vLLM config); the fields the loop reads."""
+    impl = object.__new__(cls)
+    impl.num_heads, impl.num_kv_heads, impl.head_size = num_heads, num_kv_heads, head_size
+    impl.num_kv_groups = num_heads // num_kv_heads
+    impl.scale = 1.0 / math.sqrt(head_size)
+    impl.kv_cache_dtype = "test"
+    impl.tq_config = SimpleNamespace(key_mse_bits=4, key_packed_size=head_size, effective_value_quant_bits=4,
+                                     key_fp8=False, norm_correction=False, value_packed_size=head_size)
+    impl.fa_version = None
+    impl.max_num_kv_splits = 4
+    impl.sliding_window = None
+    impl.sinks = None
+    impl._max_model_len = 4096
+    impl._use_flydsl = False
+    impl._soa_store = False
+    impl._use_ultraquant_flydsl = False
+    impl._flydsl_decode_eligible = False
+    return impl
