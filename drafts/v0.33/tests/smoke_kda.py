@@ -1,6 +1,7 @@
 import os, sys, torch
 os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "tests", "kernels"))
 import vllm_tree
 vllm_tree.AFTER_EXEC["vllm.third_party.flash_linear_attention.ops.op"] = vllm_tree._late_bound_tl_aliases
 from pathlib import Path

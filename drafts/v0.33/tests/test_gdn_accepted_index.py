@@ -23,6 +23,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "kernels"))  # vllm_tree
 import pytest  # noqa: E402
 import vllm_tree  # noqa: E402
 

@@ -23,6 +23,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "kernels"))  # vllm_tree
 import tq_harness  # noqa: E402
 
 TREE = Path(os.environ.get("VLLM_TREE", "/tmp/v033/pristine"))
