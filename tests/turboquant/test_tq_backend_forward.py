@@ -144,11 +144,17 @@ def layer_with_buffers(batch, num_rows: int, device) -> SimpleNamespace:
 
 # ---------------------------------------------------------------------------
 # Patch 0002: uniform K+1 batches routed through one decode launch, into output
+# (patch 0007 keeps that route behind VLLM_TURBOQUANT_VERIFY_KERNEL=decode)
 # ---------------------------------------------------------------------------
 
 
+@pytest.fixture
+def decode_route():
+    SETTINGS.verify_kernel = "decode"
+
+
 @pytest.mark.parametrize("preset", ["k8v4", "4bit_nc", "3bit_nc"] if CUDA else ["4bit_nc"])
-def test_verify_batch_routed_into_output(patched_tree, pristine_tree, device, preset):
+def test_verify_batch_routed_into_output(decode_route, patched_tree, pristine_tree, device, preset):
     batch = make_batch(preset, **VERIFY, device=device, seed=5)
     scale = 1.0 / math.sqrt(HEAD_DIM)
 
@@ -171,7 +177,7 @@ def test_verify_batch_routed_into_output(patched_tree, pristine_tree, device, pr
 
 
 @pytest.mark.parametrize("flash", [False, True])
-def test_verify_shape_routed_without_cached_context(patched_tree, device, flash):
+def test_verify_shape_routed_without_cached_context(decode_route, patched_tree, device, flash):
     """Under spec decode the verify shape (K+1 tokens per request) is always routed, so that the warm-up
     before a capture compiles what the graph replays; other uniform shapes with a fresh prompt are not."""
     batch = make_batch("4bit_nc", q_lens=[3, 3], seq_lens=[3, 10], device=device, seed=13)
@@ -189,7 +195,7 @@ def test_verify_shape_routed_without_cached_context(patched_tree, device, flash)
     torch.testing.assert_close(got.float(), batch.reference(scale), **TOL)
 
 
-def test_verify_batch_layers_share_inputs_and_buffers(patched_tree, device):
+def test_verify_batch_layers_share_inputs_and_buffers(decode_route, patched_tree, device):
     """Layers of a step reuse the routed inputs built by the first; a layer's buffers serve every step."""
     batch = make_batch("4bit_nc", **VERIFY, device=device, seed=9)
     module = load_backend(patched_tree, flash=False)
@@ -210,7 +216,7 @@ def test_verify_batch_layers_share_inputs_and_buffers(patched_tree, device):
     assert seq_lens.tolist() == [2, 3, 4, 11, 12, 13, 20, 21, 22]
 
 
-def test_routed_call_never_replaces_decode_buffers(patched_tree, device, monkeypatch):
+def test_routed_call_never_replaces_decode_buffers(decode_route, patched_tree, device, monkeypatch):
     """Buffers too small for a batch are left alone, eagerly and under capture: the call takes temporaries.
 
     A buffer allocated during capture would come from the graph memory pool (where piecewise graphs'
@@ -228,6 +234,63 @@ def test_routed_call_never_replaces_decode_buffers(patched_tree, device, monkeyp
     monkeypatch.undo()
     assert (layer._tq_mid_o_buf, layer._tq_output_buf, layer._tq_lse_buf) == kept
     assert torch.equal(got, expected)
+
+
+# ---------------------------------------------------------------------------
+# Patch 0007: the multi-query kernel, straight into output
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("preset", "group"), [("k8v4", 6), ("4bit_nc", 2), ("3bit_nc", 4)] if CUDA
+                         else [("4bit_nc", 6), ("k8v4", 2)])
+def test_verify_batch_multi_query_into_output(patched_tree, device, preset, group):
+    """By default a verify batch is one multi-query launch and no decode launch; its result is the decode
+    route's (and the reference's) up to float16 dot operands."""
+    batch = make_batch(preset, **VERIFY, device=device, seed=15, group=group)
+    scale = 1.0 / math.sqrt(HEAD_DIM)
+    module = load_backend(patched_tree, flash=False)
+    calls = instrument(module, SPLITS)
+    layer = layer_with_buffers(batch, batch.num_tokens, device)
+    mid_o, out_buf = layer._tq_mid_o_buf, layer._tq_output_buf
+    with no_host_reads():
+        got = run_forward(module, batch, device, preset, layer=layer)
+    assert calls == [] and len(module.mq_calls) == 1
+    assert module.mq_calls[0]["max_num_kv_splits"] == SPLITS
+    assert (layer._tq_mid_o_buf, layer._tq_output_buf) == (mid_o, out_buf)
+    torch.testing.assert_close(got.float(), batch.reference(scale), **TOL)
+
+    SETTINGS.verify_kernel = "decode"
+    routed = load_backend(patched_tree, flash=False)
+    routed_calls = instrument(routed, SPLITS)
+    want = run_forward(routed, batch, device, preset, layer=layer_with_buffers(batch, batch.num_tokens, device))
+    assert len(routed_calls) == 1 and routed.mq_calls == []
+    torch.testing.assert_close(got.float(), want.float(), **TOL)
+
+
+def test_layer_without_scratch_keeps_decode_route(patched_tree, device):
+    """The kernel's scratch is the layer's shared decode set; a layer without it (or with too few rows)
+    takes the decode route, which needs none."""
+    batch = make_batch("4bit_nc", **VERIFY, device=device, seed=16)
+    module = load_backend(patched_tree, flash=False)
+    calls = instrument(module, SPLITS)
+    got = run_forward(module, batch, device, "4bit_nc")
+    run_forward(module, batch, device, "4bit_nc", layer=layer_with_buffers(batch, batch.num_tokens - 1, device))
+    assert len(calls) == 2 and module.mq_calls == []
+    torch.testing.assert_close(got.float(), batch.reference(1.0 / math.sqrt(HEAD_DIM)), **TOL)
+
+
+def test_multi_query_route_needs_a_supported_head_dim(patched_tree, device):
+    """Head dims the kernel does not take (not a power of two) keep the decode route."""
+    module = load_backend(patched_tree, flash=False)
+    impl = module.TurboQuantAttentionImpl(num_heads=2, head_size=HEAD_DIM, scale=1.0, num_kv_heads=1,
+                                          kv_cache_dtype="turboquant_4bit_nc")
+    assert impl._multi_query_verify
+    odd = module.TurboQuantAttentionImpl(num_heads=2, head_size=80, scale=1.0, num_kv_heads=1,
+                                         kv_cache_dtype="turboquant_k8v4")
+    assert not odd._multi_query_verify
+    SETTINGS.verify_kernel = "decode"
+    assert not module.TurboQuantAttentionImpl(num_heads=2, head_size=HEAD_DIM, scale=1.0, num_kv_heads=1,
+                                              kv_cache_dtype="turboquant_4bit_nc")._multi_query_verify
 
 
 # ---------------------------------------------------------------------------
@@ -377,9 +440,11 @@ def test_builder_cudagraph_support(patch1_tree, patched_tree, device):
 
 @pytest.mark.skipif(not CUDA, reason="CUDA graph capture needs a GPU; runs on the GPU host "
                     "(tests/gpu/host.sh kernels)")
+@pytest.mark.parametrize("verify_kernel", ["multi_query", "decode"])
 @pytest.mark.parametrize("preset", ["k8v4", "4bit_nc", "3bit_nc"])
-def test_forward_in_cuda_graph(patched_tree, pristine_tree, preset):
+def test_forward_in_cuda_graph(patched_tree, pristine_tree, preset, verify_kernel):
     device = "cuda"
+    SETTINGS.verify_kernel = verify_kernel
     k1, max_reqs, max_blocks, bs, group, nkv = 4, 4, 32, 16, 4, 2
     n = k1 * max_reqs
     hq = nkv * group
@@ -447,4 +512,7 @@ def test_forward_in_cuda_graph(patched_tree, pristine_tree, preset):
         got = out_buf[: b * k1].view(b * k1, hq, HEAD_DIM)
         torch.testing.assert_close(got.float(), batch.reference(1.0 / math.sqrt(HEAD_DIM)), **TOL)
         want = run_forward(pristine, batch, device, preset)  # v0.20 eager, per request
-        assert_same(got, want, preset)
+        if verify_kernel == "decode":
+            assert_same(got, want, preset)
+        else:  # float16 dot operands (see tests/kernels/test_turboquant_mq_verify.py)
+            torch.testing.assert_close(got.float(), want.float(), **TOL)

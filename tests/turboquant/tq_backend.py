@@ -31,6 +31,7 @@ from vllm_tree import load_module
 BACKEND = "vllm/v1/attention/backends/turboquant_attn.py"
 DECODE = "vllm/v1/attention/ops/triton_turboquant_decode.py"
 STORE = "vllm/v1/attention/ops/triton_turboquant_store.py"
+VERIFY = "vllm/v1/attention/ops/triton_turboquant_verify.py"
 TQ_CONFIG = "vllm/model_executor/layers/quantization/turboquant/config.py"
 
 _real_import = builtins.__import__
@@ -208,6 +209,7 @@ class _Settings:
         self.kv_splits = 32
         self.cudagraph_mode: CUDAGraphMode | None = None
         self.num_speculative_tokens: int | None = None
+        self.verify_kernel = "multi_query"  # $VLLM_TURBOQUANT_VERIFY_KERNEL (patch 0007)
 
     def vllm_config(self) -> SimpleNamespace:
         spec = None if self.num_speculative_tokens is None else \
@@ -219,6 +221,14 @@ class _Settings:
 
 
 SETTINGS = _Settings()
+
+
+class _Envs(ModuleType):
+    """``vllm.envs``: the variables the backend reads, from SETTINGS when an impl is created."""
+
+    @property
+    def VLLM_TURBOQUANT_VERIFY_KERNEL(self) -> str:  # noqa: N802 (vLLM's name)
+        return SETTINGS.verify_kernel
 
 
 class _Launch:
@@ -266,12 +276,17 @@ def load_backend(tree: Path, *, flash: bool) -> ModuleType:
         "vllm.v1.attention.ops.triton_turboquant_decode": load_module(tree, DECODE),
         "vllm.v1.attention.ops.triton_turboquant_store": load_module(tree, STORE),
         "vllm.model_executor.layers.quantization.turboquant.config": load_module(tree, TQ_CONFIG),
+        "vllm.envs": _Envs("vllm.envs"),
     }
+    if (tree / VERIFY).is_file():
+        stubs["vllm.v1.attention.ops.triton_turboquant_verify"] = load_module(tree, VERIFY)
 
     def _import(name, globals=None, locals=None, fromlist=(), level=0):
         if level == 0 and (name == "vllm" or name.startswith("vllm.")):
             if name not in stubs:
                 raise ImportError(f"the TurboQuant test harness provides no {name}")
+            if not fromlist and name == "vllm.envs":  # import vllm.envs as envs: the package, then .envs
+                return _stub("vllm", envs=stubs[name])
             return stubs[name]
         return _real_import(name, globals, locals, fromlist, level)
 
@@ -286,8 +301,14 @@ def load_backend(tree: Path, *, flash: bool) -> ModuleType:
 
 
 def instrument(module: ModuleType, kv_splits: int | None = None) -> list:
-    """Count the backend's decode launches (forcing ``kv_splits`` splits when given); returns the call log."""
+    """Count the backend's decode launches (forcing ``kv_splits`` splits when given); returns the call log.
+
+    The multi-query verify launches (patch 0007) are logged in ``module.mq_calls``."""
     calls: list = []
     module.triton_turboquant_decode_attention = _Launch(module.triton_turboquant_decode_attention, calls, kv_splits)
     module._tq_full_dequant_kv = _Launch(module._tq_full_dequant_kv, [])
+    module.mq_calls = []
+    if hasattr(module, "triton_turboquant_mq_verify_attention"):
+        module.triton_turboquant_mq_verify_attention = _Launch(module.triton_turboquant_mq_verify_attention,
+                                                               module.mq_calls)
     return calls

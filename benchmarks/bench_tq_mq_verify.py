@@ -3,7 +3,7 @@
 of the KV head) against the routed decode path of patch 0002 (the decode kernel on B*(K+1) rows) and v0.20.0's
 per-request path (one decode launch per request), per context length, batch, K+1 and GQA ratio.
 
-For each case: the median of --reps CUDA-event timings after warm-up (the L2 cache flushed before each one),
+For each case: min / median / max of --reps CUDA-event timings after warm-up (the L2 cache flushed before each),
 the bytes of compressed cache the attention must read (B x L x Hk x slot bytes), the multi-query kernel's
 achieved GB/s and its fraction of the device-to-device copy bandwidth measured first by this script (read +
 written bytes of a large copy), the speed-ups, and the largest output difference between the new kernel and
@@ -68,13 +68,13 @@ def random_cache(layout: TQLayout, num_reqs: int, ctx: int, hk: int, block_size:
 
 
 class Timer:
-    """Median of CUDA-event timings of a callable, each after an L2 flush."""
+    """(min, median, max) of CUDA-event timings of a callable in microseconds, each after an L2 flush."""
 
     def __init__(self, warmup: int, reps: int):
         self.warmup, self.reps = warmup, reps
         self.flush = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
 
-    def __call__(self, fn) -> float:
+    def __call__(self, fn) -> tuple[float, float, float]:
         for _ in range(self.warmup):
             fn()
         times = []
@@ -86,14 +86,14 @@ class Timer:
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end) * 1e3)
-        return statistics.median(times)  # microseconds
+        return min(times), statistics.median(times), max(times)
 
 
 def copy_bandwidth(timer: Timer) -> float:
     """GB/s of a 2 GiB device-to-device copy, read plus written bytes."""
     src = torch.empty(2**31, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    us = timer(lambda: dst.copy_(src))
+    us = timer(lambda: dst.copy_(src))[1]
     return 2 * 2**31 / us / 1e3
 
 
@@ -112,8 +112,8 @@ class Preset:
 
 
 def measure(mq, dec, timer: Timer, p: Preset, kv, table, seq_lens, k1: int, hq: int, splits: int, configs,
-            per_request: bool) -> tuple[float, object, float, float, float]:
-    """(new us, its best config, routed us, per-request us, max |new - routed|) for one case."""
+            per_request: bool) -> tuple[tuple, object, tuple, tuple, float]:
+    """(new, its best config, routed, per-request, max |new - routed|) for one case; timings (min, median, max) us."""
     b, ctx, d = table.shape[0], int(seq_lens[0]), p.layout.head_dim
     n = b * k1
     scale = d ** -0.5
@@ -142,10 +142,10 @@ def measure(mq, dec, timer: Timer, p: Preset, kv, table, seq_lens, k1: int, hq: 
         return dec.triton_turboquant_decode_attention(q, kv, r_table, r_lens, scale=scale, **p.decode_kwargs,
                                                       **bufs)
 
-    t_new, cfg = min(((timer(lambda cfg=cfg: new(cfg)), cfg) for cfg in configs), key=lambda tc: tc[0])
+    t_new, cfg = min(((timer(lambda cfg=cfg: new(cfg)), cfg) for cfg in configs), key=lambda tc: tc[0][1])
     t_routed = timer(routed)
     diff = (new(cfg).float() - routed().float()).abs().max().item()
-    t_req = float("nan")
+    t_req = (float("nan"),) * 3
     if per_request:
         # v0.20.0's continuation path: one decode launch per request (host bookkeeping done beforehand).
         per = [(q[r * k1:(r + 1) * k1], table[r:r + 1].expand(k1, -1),
@@ -158,6 +158,10 @@ def measure(mq, dec, timer: Timer, p: Preset, kv, table, seq_lens, k1: int, hq: 
 
         t_req = timer(loop)
     return t_new, cfg, t_routed, t_req, diff
+
+
+def spread(t: tuple[float, float, float]) -> str:
+    return f"{t[1]:.1f} [{t[0]:.1f}-{t[2]:.1f}]"
 
 
 def main() -> int:
@@ -188,10 +192,11 @@ def main() -> int:
     timer = Timer(args.warmup, max(args.reps, 1))
     copy_gbs = copy_bandwidth(timer)
     print(f"{torch.cuda.get_device_name(0)}; D={d}, block size {bs}, bf16 queries, decode splits {splits}; "
-          f"median of {args.reps} CUDA-event timings after {args.warmup} warm-up runs, L2 flushed before each")
+          f"{args.reps} CUDA-event timings after {args.warmup} warm-up runs, L2 flushed before each: "
+          "median [min-max] us; GB/s and x (speed-up) from medians")
     print(f"device-to-device copy: {copy_gbs:.0f} GB/s (read + write)")
-    print(f"{'preset':8} {'ctx':>6} {'B':>3} {'K1':>2} {'G':>1} {'Hq/Hk':>5} {'cache MB':>9} {'new us':>9} "
-          f"{'GB/s':>6} {'%copy':>5} {'routed us':>10} {'x':>6} {'per-req us':>10} {'x':>6} {'max|diff|':>9}"
+    print(f"{'preset':8} {'ctx':>6} {'B':>3} {'K1':>2} {'G':>1} {'Hq/Hk':>5} {'cache MB':>9} {'new us':>22} "
+          f"{'GB/s':>6} {'%copy':>5} {'routed us':>22} {'x':>6} {'per-req us':>10} {'x':>6} {'max|diff|':>9}"
           + ("  config" if configs != [None] else ""))
     for preset in args.presets.split(","):
         p = Preset(preset, d)
@@ -206,10 +211,10 @@ def main() -> int:
             for k1 in map(int, args.k1.split(",")):
                 t_new, cfg, t_routed, t_req, diff = measure(mq, dec, timer, p, kv, table, seq_lens, k1, hq, splits,
                                                             configs, not args.no_per_request)
-                gbs = cache_bytes / t_new / 1e3
+                gbs = cache_bytes / t_new[1] / 1e3
                 print(f"{preset:8} {ctx:>6} {b:>3} {k1:>2} {g:>1} {f'{hq}/{hk}':>5} {cache_bytes / 1e6:>9.1f} "
-                      f"{t_new:>9.1f} {gbs:>6.0f} {100 * gbs / copy_gbs:>4.0f}% {t_routed:>10.1f} "
-                      f"{t_routed / t_new:>5.1f}x {t_req:>10.1f} {t_req / t_new:>5.1f}x {diff:>9.2e}"
+                      f"{spread(t_new):>22} {gbs:>6.0f} {100 * gbs / copy_gbs:>4.0f}% {spread(t_routed):>22} "
+                      f"{t_routed[1] / t_new[1]:>5.1f}x {t_req[1]:>10.1f} {t_req[1] / t_new[1]:>5.1f}x {diff:>9.2e}"
                       + (f"  {cfg}" if cfg is not None else ""), flush=True)
             del kv, table, seq_lens
             torch.cuda.empty_cache()
