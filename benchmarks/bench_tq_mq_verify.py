@@ -125,6 +125,8 @@ def measure(mq, dec, timer: Timer, p: Preset, kv, table, seq_lens, k1: int, hq: 
 
     def new(cfg):
         extra = {} if cfg is None else dict(block_n=cfg[0], num_warps=cfg[1], num_stages=cfg[2])
+        if cfg is not None and len(cfg) > 3:
+            extra["num_kv_splits"] = cfg[3]
         return mq.triton_turboquant_mq_verify_attention(
             q, kv, table, seq_lens, k1, p.centroids, scale, lay.mse_bits, lay.key_packed_size, lay.value_bits,
             out, mid, qrot, PiT=p.pi, key_fp8=lay.key_fp8, norm_correction=lay.norm_correction,
@@ -178,7 +180,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--configs", action="append", default=[],
-                        help="block_n,num_warps,num_stages for the new kernel; repeat to try several (best shown)")
+                        help="block_n,num_warps,num_stages[,num_kv_splits] for the new kernel; repeat to try "
+                             "several (best shown)")
     parser.add_argument("--no-per-request", action="store_true", help="skip the release's per-request path")
     parser.add_argument("--max-cache-gb", type=float, default=24.0, help="skip cases whose cache is larger")
     args = parser.parse_args()

@@ -8,14 +8,14 @@ program, each cache tile read and dequantized once.
 - the routed decode path of patch 0002, built here from the release's own decode kernel: one launch over
   ``B*K1`` rows with the block table rows repeated and the row lengths ``L_r-K1+1+i`` clamped at 0.
 
-Tolerance (``TOL``, on the fp16 outputs, against both oracles): the new kernel feeds tensor cores with float16
-operands, the decode kernel and the reference multiply in float32/float64. FP8 keys, the fp16 queries and the
-fp16 scale/zero of the values are exact in float16, but the rotated queries (MSE keys), the unit centroid
-vectors, the dequantized values (index * scale + zero) and the softmax probabilities are rounded to 11
-significant bits (relative error <= 2**-11 each), accumulated in float32 over up to 1000 positions; with
-scores of order 1 that moves an output by a few 1e-4, plus half an fp16 ulp of rounding of the output on both
-sides. Bitwise equality with the decode route is not expected anywhere: its scores are float32 FMA sums in
-another order. Rows without a visible token are 0 here (NaN in the decode route and the reference).
+Tolerance (``TOL``, on the fp16 outputs, against both oracles): the new kernel's scores are float32-exact (FP8
+keys and fp16 queries are exact float16 operands, MSE scores use float32 operands through tf32x3), but its value
+dot rounds each softmax weight times its value scale to float16 (relative error <= 2**-11), accumulated in
+float32 over up to 1000 positions: a few 1e-4 on outputs of order 1, plus half an fp16 ulp of output rounding on
+both sides. Bitwise equality with the decode route is not expected anywhere: its sums run in another order.
+Rows without a visible token are 0 here (NaN in the decode route and the reference).
+``test_large_scores_keep_float32_score_precision`` holds the scores to float32 precision at realistic magnitudes
+(scores of tens), where float16 score operands fail it.
 
 On CPU (``TRITON_INTERPRET=1``) a few cases run; the full grid (every preset x head dim x G x K1 x block size)
 and the CUDA graph case run on the GPU host.
@@ -177,6 +177,26 @@ def test_many_rows_per_kv_head_take_several_m_tiles(mq_ops, device, num_kv_split
                    block_n=16, min_split_len=16)
     want, want_lse = tq_verify_ref(query, cache.keys, cache.values, lens, k1, scale)
     _check(out, lse, want, want_lse, tq_verify_rows(lens, k1)[0], torch.float16)
+
+
+@pytest.mark.parametrize("preset", ["4bit_nc", "k3v4_nc"] if not CUDA else PRESETS)
+def test_large_scores_keep_float32_score_precision(mq_ops, decode_ops, device, preset):
+    """Real models' attention scores reach tens: the scores must be computed to float32 precision, as the
+    decode kernel does (rotated queries and centroid vectors rounded to float16 would move a score of 20 by
+    about 0.01, every softmax weight by about 1%). The outputs then match the decode route and the float64
+    reference to float16 output rounding."""
+    k1, group, d, bs = 4, 4, 128, 16
+    lens = [k1 + 9, 2 * bs + 5]
+    cache, query, scale, n, hq = _case(preset, d, group, k1, bs, torch.float16, device, lens, 1, seed=31)
+    query = query * 16  # scores with a standard deviation of about 8
+    kw = dict(max_num_kv_splits=4, num_kv_splits=2, block_n=16, min_split_len=16)
+    out, lse = _mq(mq_ops, query, cache, k1, scale, _scratch(n, hq, d, 4, device), **kw)
+    want, want_lse = tq_verify_ref(query, cache.keys, cache.values, lens, k1, scale)
+    routed = _routed_decode(decode_ops, query, cache, k1, scale, 4)
+    tight = dict(atol=2e-3, rtol=2e-3)  # float16 outputs of magnitude <= 2: a couple of ulps
+    torch.testing.assert_close(out.float(), want, **tight)
+    torch.testing.assert_close(out.float(), routed.float(), **tight)
+    torch.testing.assert_close(lse, want_lse, atol=1e-3, rtol=1e-5)
 
 
 # ---------------------------------------------------------------------------

@@ -144,13 +144,18 @@ def layer_with_buffers(batch, num_rows: int, device) -> SimpleNamespace:
 
 # ---------------------------------------------------------------------------
 # Patch 0002: uniform K+1 batches routed through one decode launch, into output
-# (patch 0007 keeps that route behind VLLM_TURBOQUANT_VERIFY_KERNEL=decode)
+# (VLLM_TURBOQUANT_ATTENTION_KERNEL=decode, the default with patch 0007)
 # ---------------------------------------------------------------------------
 
 
 @pytest.fixture
 def decode_route():
-    SETTINGS.verify_kernel = "decode"
+    SETTINGS.attention_kernel = "decode"
+
+
+@pytest.fixture
+def multi_query():
+    SETTINGS.attention_kernel = "multi_query"
 
 
 @pytest.mark.parametrize("preset", ["k8v4", "4bit_nc", "3bit_nc"] if CUDA else ["4bit_nc"])
@@ -237,15 +242,15 @@ def test_routed_call_never_replaces_decode_buffers(decode_route, patched_tree, d
 
 
 # ---------------------------------------------------------------------------
-# Patch 0007: the multi-query kernel, straight into output
+# Patch 0007: the multi-query kernel (VLLM_TURBOQUANT_ATTENTION_KERNEL=multi_query), straight into output
 # ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(("preset", "group"), [("k8v4", 6), ("4bit_nc", 2), ("3bit_nc", 4)] if CUDA
                          else [("4bit_nc", 6), ("k8v4", 2)])
-def test_verify_batch_multi_query_into_output(patched_tree, device, preset, group):
-    """By default a verify batch is one multi-query launch and no decode launch; its result is the decode
-    route's (and the reference's) up to float16 dot operands."""
+def test_verify_batch_multi_query_into_output(multi_query, patched_tree, device, preset, group):
+    """A verify batch is one multi-query launch and no decode launch; its result is the decode route's (and
+    the reference's) up to float16 value-dot operands."""
     batch = make_batch(preset, **VERIFY, device=device, seed=15, group=group)
     scale = 1.0 / math.sqrt(HEAD_DIM)
     module = load_backend(patched_tree, flash=False)
@@ -259,7 +264,7 @@ def test_verify_batch_multi_query_into_output(patched_tree, device, preset, grou
     assert (layer._tq_mid_o_buf, layer._tq_output_buf) == (mid_o, out_buf)
     torch.testing.assert_close(got.float(), batch.reference(scale), **TOL)
 
-    SETTINGS.verify_kernel = "decode"
+    SETTINGS.attention_kernel = "decode"
     routed = load_backend(patched_tree, flash=False)
     routed_calls = instrument(routed, SPLITS)
     want = run_forward(routed, batch, device, preset, layer=layer_with_buffers(batch, batch.num_tokens, device))
@@ -267,7 +272,25 @@ def test_verify_batch_multi_query_into_output(patched_tree, device, preset, grou
     torch.testing.assert_close(got.float(), want.float(), **TOL)
 
 
-def test_layer_without_scratch_keeps_decode_route(patched_tree, device):
+@pytest.mark.parametrize("preset", ["k8v4", "4bit_nc", "3bit_nc"] if CUDA else ["4bit_nc"])
+def test_decode_batch_multi_query_into_output(multi_query, patched_tree, pristine_tree, device, preset):
+    """A decode batch (one query per request) is the K1 = 1 case: one multi-query launch, the release's
+    decode-kernel result up to float16 dot operands."""
+    batch = make_batch(preset, q_lens=[1, 1, 1, 1], seq_lens=[1, 17, 40, 9], device=device, seed=17, group=4)
+    module = load_backend(patched_tree, flash=False)
+    calls = instrument(module, SPLITS)
+    with no_host_reads():
+        got = run_forward(module, batch, device, preset, layer=layer_with_buffers(batch, batch.num_tokens, device))
+    assert calls == [] and len(module.mq_calls) == 1
+    # A one-token prompt in a decode batch reads its K/V back from the cache too (routed=True).
+    torch.testing.assert_close(got.float(), batch.reference(1.0 / math.sqrt(HEAD_DIM), routed=True), **TOL)
+    pristine = load_backend(pristine_tree, flash=False)
+    assert len(instrument(pristine, SPLITS)) == 0
+    want = run_forward(pristine, batch, device, preset)
+    torch.testing.assert_close(got.float(), want.float(), **TOL)
+
+
+def test_layer_without_scratch_keeps_decode_route(multi_query, patched_tree, device):
     """The kernel's scratch is the layer's shared decode set; a layer without it (or with too few rows)
     takes the decode route, which needs none."""
     batch = make_batch("4bit_nc", **VERIFY, device=device, seed=16)
@@ -279,18 +302,18 @@ def test_layer_without_scratch_keeps_decode_route(patched_tree, device):
     torch.testing.assert_close(got.float(), batch.reference(1.0 / math.sqrt(HEAD_DIM)), **TOL)
 
 
-def test_multi_query_route_needs_a_supported_head_dim(patched_tree, device):
+def test_multi_query_route_needs_a_supported_head_dim(multi_query, patched_tree, device):
     """Head dims the kernel does not take (not a power of two) keep the decode route."""
     module = load_backend(patched_tree, flash=False)
     impl = module.TurboQuantAttentionImpl(num_heads=2, head_size=HEAD_DIM, scale=1.0, num_kv_heads=1,
                                           kv_cache_dtype="turboquant_4bit_nc")
-    assert impl._multi_query_verify
+    assert impl._multi_query
     odd = module.TurboQuantAttentionImpl(num_heads=2, head_size=80, scale=1.0, num_kv_heads=1,
                                          kv_cache_dtype="turboquant_k8v4")
-    assert not odd._multi_query_verify
-    SETTINGS.verify_kernel = "decode"
+    assert not odd._multi_query
+    SETTINGS.attention_kernel = "decode"
     assert not module.TurboQuantAttentionImpl(num_heads=2, head_size=HEAD_DIM, scale=1.0, num_kv_heads=1,
-                                              kv_cache_dtype="turboquant_4bit_nc")._multi_query_verify
+                                              kv_cache_dtype="turboquant_4bit_nc")._multi_query
 
 
 # ---------------------------------------------------------------------------
@@ -440,11 +463,11 @@ def test_builder_cudagraph_support(patch1_tree, patched_tree, device):
 
 @pytest.mark.skipif(not CUDA, reason="CUDA graph capture needs a GPU; runs on the GPU host "
                     "(tests/gpu/host.sh kernels)")
-@pytest.mark.parametrize("verify_kernel", ["multi_query", "decode"])
+@pytest.mark.parametrize("attention_kernel", ["multi_query", "decode"])
 @pytest.mark.parametrize("preset", ["k8v4", "4bit_nc", "3bit_nc"])
-def test_forward_in_cuda_graph(patched_tree, pristine_tree, preset, verify_kernel):
+def test_forward_in_cuda_graph(patched_tree, pristine_tree, preset, attention_kernel):
     device = "cuda"
-    SETTINGS.verify_kernel = verify_kernel
+    SETTINGS.attention_kernel = attention_kernel
     k1, max_reqs, max_blocks, bs, group, nkv = 4, 4, 32, 16, 4, 2
     n = k1 * max_reqs
     hq = nkv * group
@@ -512,7 +535,7 @@ def test_forward_in_cuda_graph(patched_tree, pristine_tree, preset, verify_kerne
         got = out_buf[: b * k1].view(b * k1, hq, HEAD_DIM)
         torch.testing.assert_close(got.float(), batch.reference(1.0 / math.sqrt(HEAD_DIM)), **TOL)
         want = run_forward(pristine, batch, device, preset)  # v0.20 eager, per request
-        if verify_kernel == "decode":
+        if attention_kernel == "decode":
             assert_same(got, want, preset)
         else:  # float16 dot operands (see tests/kernels/test_turboquant_mq_verify.py)
             torch.testing.assert_close(got.float(), want.float(), **TOL)

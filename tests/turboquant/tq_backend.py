@@ -209,7 +209,7 @@ class _Settings:
         self.kv_splits = 32
         self.cudagraph_mode: CUDAGraphMode | None = None
         self.num_speculative_tokens: int | None = None
-        self.verify_kernel = "multi_query"  # $VLLM_TURBOQUANT_VERIFY_KERNEL (patch 0007)
+        self.attention_kernel = "decode"  # $VLLM_TURBOQUANT_ATTENTION_KERNEL (patch 0007)
 
     def vllm_config(self) -> SimpleNamespace:
         spec = None if self.num_speculative_tokens is None else \
@@ -227,8 +227,8 @@ class _Envs(ModuleType):
     """``vllm.envs``: the variables the backend reads, from SETTINGS when an impl is created."""
 
     @property
-    def VLLM_TURBOQUANT_VERIFY_KERNEL(self) -> str:  # noqa: N802 (vLLM's name)
-        return SETTINGS.verify_kernel
+    def VLLM_TURBOQUANT_ATTENTION_KERNEL(self) -> str:  # noqa: N802 (vLLM's name)
+        return SETTINGS.attention_kernel
 
 
 class _Launch:
