@@ -112,6 +112,7 @@ bench() {
     local kernel_env=(env VLLM_PATCH_PRISTINE_TREE="$VP_HOME/pristine" VLLM_PATCH_PATCHED_TREE="$VP_HOME/patched")
     "${kernel_env[@]}" "$PY" benchmarks/bench_tq_verify.py | tee "$VP_REPORT/bench-tq-verify.txt"
     "${kernel_env[@]}" "$PY" benchmarks/bench_gdn_recovery.py | tee "$VP_REPORT/bench-gdn-recovery.txt"
+    "${kernel_env[@]}" "$PY" benchmarks/bench_tq_mq_verify.py --presets k8v4,4bit_nc | tee "$VP_REPORT/bench-tq-mq-verify.txt"
     local group
     for group in llama hybrid; do
         "$PY" benchmarks/bench_spec_e2e.py --group "$group" --tree "unpatched=$VP_HOME/pristine" \
