@@ -518,3 +518,17 @@ def tq_verify_ref(
         k = k.repeat_interleave(query.shape[1] // k.shape[1], dim=1)
         lse[i] = (torch.einsum("hd,nhd->hn", query[i].double(), k) * scale).logsumexp(-1)
     return out, lse.float()
+
+
+def stage_graph_batch(cache: TQCache, query: torch.Tensor, q_buf: torch.Tensor, seq_buf: torch.Tensor,
+                      bt_buf: torch.Tensor, kv_buf: torch.Tensor) -> None:
+    """Copy a batch into the persistent buffers a captured CUDA graph reads, as vLLM's runner does before a
+    replay: the queries, the lengths and block table (0 past the batch: padding requests), the cache pool."""
+    b = cache.seq_lens.shape[0]
+    q_buf.zero_()
+    q_buf[: query.shape[0]] = query
+    seq_buf.zero_()
+    seq_buf[:b] = cache.seq_lens
+    bt_buf.zero_()
+    bt_buf[:b, : cache.block_table.shape[1]] = cache.block_table
+    kv_buf[: cache.kv_cache.shape[0]] = cache.kv_cache

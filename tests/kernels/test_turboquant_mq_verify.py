@@ -30,7 +30,7 @@ import zlib
 import pytest
 import torch
 
-from references import build_tq_cache, tq_verify_ref, tq_verify_rows
+from references import build_tq_cache, stage_graph_batch, tq_verify_ref, tq_verify_rows
 from vllm_tree import load_module
 
 pytestmark = pytest.mark.kernels
@@ -338,13 +338,7 @@ def test_launch_in_cuda_graph_replays_new_lengths(mq_ops, preset):
     for lens, cache in zip(batches, caches, strict=True):
         b = len(lens)
         query = torch.randn(b * k1, hq, d, generator=gen).to(device=device, dtype=torch.float16)
-        q_buf.zero_()
-        q_buf[: b * k1] = query
-        seq_buf.zero_()
-        seq_buf[:b] = cache.seq_lens
-        bt_buf.zero_()
-        bt_buf[:b, : cache.block_table.shape[1]] = cache.block_table
-        kv_buf[: cache.kv_cache.shape[0]] = cache.kv_cache
+        stage_graph_batch(cache, query, q_buf, seq_buf, bt_buf, kv_buf)
         graph.replay()
         torch.cuda.synchronize()
         want, want_lse = tq_verify_ref(query, cache.keys, cache.values, lens, k1, scale)

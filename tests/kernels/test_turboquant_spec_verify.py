@@ -26,7 +26,7 @@ import math
 import pytest
 import torch
 
-from references import build_tq_cache, tq_attention_ref
+from references import build_tq_cache, stage_graph_batch, tq_attention_ref
 from vllm_tree import interpreted, load_module
 
 pytestmark = pytest.mark.kernels
@@ -326,13 +326,7 @@ def test_routed_call_in_cuda_graph(patched_ops, pristine_ops, preset):
     for lens, cache in zip(batches, caches, strict=True):
         b = len(lens)
         query = torch.randn(b * k1, hq, d, generator=gen).to(device=device, dtype=torch.float16)
-        q_buf.zero_()
-        q_buf[: b * k1] = query
-        seq_buf.zero_()
-        seq_buf[:b] = cache.seq_lens
-        bt_buf.zero_()
-        bt_buf[:b, : cache.block_table.shape[1]] = cache.block_table
-        kv_buf[: cache.kv_cache.shape[0]] = cache.kv_cache
+        stage_graph_batch(cache, query, q_buf, seq_buf, bt_buf, kv_buf)
         graph.replay()
         torch.cuda.synchronize()
         got = out[: b * k1]
