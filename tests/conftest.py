@@ -19,7 +19,7 @@ BASE = {
 
 
 # Fixtures holding the real release's trees: they download its sdist (once, cached).
-REAL_TREES = {"pristine_tree", "patched_tree"}
+REAL_TREES = {"pristine_tree", "patched_tree", "v033_pristine_tree", "v033_tree"}
 
 
 @pytest.hookimpl(tryfirst=True)

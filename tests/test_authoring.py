@@ -175,3 +175,23 @@ def test_git_failure_in_the_patch_writer_is_one_line(tmp_path, base_files, two_p
     (line,) = errors(result)
     assert "git failed" in line and "invalid date format" in line
     assert snapshot(two_patch_series) == before
+
+
+def test_a_patch_to_an_executable_file_keeps_its_mode(tmp_path, base_files, two_patch_series, monkeypatch):
+    """vLLM ships executable .py files (vllm/envs.py): a patch to one records the file's mode, 100755, and no
+    mode change, so that a later rebase regenerates it without one (a mode change is refused)."""
+    monkeypatch.setenv("VLLM_PATCH_CACHE", str(tmp_path / "cache"))
+    repo = tmp_path / "upstream"
+    write_tree(repo, dict(base_files))
+    (repo / "vllm" / "b.py").chmod(0o755)
+    git_repo(repo, {}, tag="v0.20.0")
+    assert b"100755" in git(repo, "ls-files", "-s", "vllm/b.py")
+    tree = applied_tree(tmp_path, base_files, two_patch_series)
+    path = tree / "vllm" / "b.py"
+    path.write_bytes(path.read_bytes() + b"\n\ndef h():\n    return 3\n")
+    result = run(two_patch_series, repo, "new", "--from", str(tree), "--file", "vllm/b.py", "--subject", "Exec")
+    assert result.exit_code == 0, result.output
+    text = next((two_patch_series / "patches").glob("0003-*.patch")).read_text()
+    assert "old mode" not in text and "new mode" not in text
+    header = text[text.index("diff --git a/vllm/b.py"):].splitlines()[1]
+    assert header.startswith("index ") and header.endswith(" 100755"), header

@@ -63,7 +63,11 @@ class PatchWriter:
                 modes: dict[str, int] | None) -> str:
         with private_index(self.cache.path) as env:
             self.repo.git.read_tree(self.parent, env=env)
-            stage(self.repo.git, env, contents, lambda rel: (modes or {}).get(rel, 0o644))
+            kept = self._index_modes(env, list(contents))
+            # A file the parent has keeps its mode (patches never change one; an
+            # executable upstream file stays executable); a new file takes the
+            # patch's mode, else 0644.
+            stage(self.repo.git, env, contents, lambda rel: kept.get(rel) or (modes or {}).get(rel, 0o644))
             tree = self.repo.git.write_tree(env=env)
         name, email = parseaddr(author)
         who = {"GIT_AUTHOR_NAME": name or email or "unknown", "GIT_AUTHOR_EMAIL": email or "unknown@localhost",
@@ -72,6 +76,17 @@ class PatchWriter:
             who["GIT_AUTHOR_DATE"] = date
         self.parent = self.repo.git.commit_tree(tree, "-p", self.parent, "-m", message, env=who)
         return self.parent
+
+    def _index_modes(self, env: dict[str, str], paths: list[str]) -> dict[str, int]:
+        """The permission bits the private index holds for `paths` (those it has)."""
+        if not paths:
+            return {}
+        out = self.repo.git.ls_files("-s", "-z", "--", *paths, env=env, strip_newline_in_stdout=False)
+        found: dict[str, int] = {}
+        for entry in filter(None, out.split("\0")):
+            meta, rel = entry.split("\t", 1)
+            found[rel] = int(meta.split()[0], 8) & 0o777
+        return found
 
     def write(self, header: Header, contents: Contents, widen: bool = True,
               modes: dict[str, int] | None = None) -> str:

@@ -1,7 +1,7 @@
 """TurboQuant / UltraQuant with speculative decoding (patch 0001), on CPU without importing vLLM.
 
-VLLM_TREE names the tree under test (default /tmp/v033/pristine). On the pristine 0.33.0 tree both
-tests fail; on the patched tree they pass.
+The tree under test is ``v033_tree`` (see conftest.py). On the pristine 0.33.0 tree both tests fail; on the
+patched tree they pass.
 
 1. FULL CUDA graphs: 0.33's resolve_cudagraph_mode_and_sizes (config/compilation.py:1448-1465) keeps
    FULL decode graphs for a uniform decode length K+1 > 1 iff every attention builder reports at least
@@ -14,24 +14,16 @@ tests fail; on the patched tree they pass.
 
 from __future__ import annotations
 
-import os
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "kernels"))  # vllm_tree
-import tq_harness  # noqa: E402
-
-TREE = Path(os.environ.get("VLLM_TREE", "/tmp/v033/pristine"))
+import tq_harness
 
 
 @pytest.fixture(scope="module")
-def mods():
-    return tq_harness.load(TREE)
+def mods(v033_tree):
+    return tq_harness.load(v033_tree)
 
 
 def _full_decode_graphs_kept(support, cg, uniform_decode_query_len: int) -> bool:

@@ -1,6 +1,6 @@
 """GDN spec-decode accepted-token index (patch 0002), Triton kernels under the interpreter on CPU.
 
-VLLM_TREE names the tree under test (default /tmp/v033/pristine). The kernels of
+The tree under test is ``v033_tree`` (see conftest.py). The kernels of
 vllm/third_party/flash_linear_attention/ops/{fused_recurrent,fused_sigmoid_gating}.py start each
 spec-decode request from state slot ssm_state_indices[i_n, num_accepted_tokens[i_n] - 1]. A count
 outside [1, number of state-slot columns] (0, a -1 placeholder, a stale count) indexes outside the
@@ -13,25 +13,16 @@ A bounded kernel must behave as if the count were clamped to the row; the releas
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
+import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "kernels"))  # vllm_tree
-import pytest  # noqa: E402
-import vllm_tree  # noqa: E402
+import vllm_tree
 
 # 0.33 moved fla's op.py; the interpreter needs its late-bound tl aliases there too.
 vllm_tree.AFTER_EXEC["vllm.third_party.flash_linear_attention.ops.op"] = vllm_tree._late_bound_tl_aliases
 
-TREE = Path(os.environ.get("VLLM_TREE", "/tmp/v033/pristine"))
-PRISTINE = Path("/tmp/v033/pristine")
 OPS = "vllm/third_party/flash_linear_attention/ops/"
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -90,10 +81,10 @@ KERNELS = ["fused_recurrent", "fused_sigmoid_gating"]
 
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("counts", [[0, 2], [2, NUM_SPEC + 3], [-1, 0]])
-def test_out_of_range_count_stays_in_row(kernel, counts):
+def test_out_of_range_count_stays_in_row(v033_tree, kernel, counts):
     clamped = [min(max(c, 1), NUM_SPEC + 1) for c in counts]
-    o_bad, s_bad = _run(TREE, kernel, counts)
-    o_ref, s_ref = _run(TREE, kernel, clamped)
+    o_bad, s_bad = _run(v033_tree, kernel, counts)
+    o_ref, s_ref = _run(v033_tree, kernel, clamped)
     assert torch.isfinite(o_bad).all()
     torch.testing.assert_close(o_bad, o_ref, rtol=0, atol=0,
                                msg=lambda m: f"{kernel}: counts {counts} did not act as {clamped}: {m}")
@@ -101,9 +92,9 @@ def test_out_of_range_count_stays_in_row(kernel, counts):
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_valid_counts_unchanged(kernel):
+def test_valid_counts_unchanged(v033_tree, v033_pristine_tree, kernel):
     for counts in ([1, 3], [2, 1], [3, 2]):
-        o, s = _run(TREE, kernel, counts)
-        o0, s0 = _run(PRISTINE, kernel, counts)
+        o, s = _run(v033_tree, kernel, counts)
+        o0, s0 = _run(v033_pristine_tree, kernel, counts)
         torch.testing.assert_close(o, o0, rtol=0, atol=0)
         torch.testing.assert_close(s, s0, rtol=0, atol=0)

@@ -1,0 +1,51 @@
+"""The v0.33 release line's tests: its patches against vLLM 0.33.0's own files, on CPU (Triton interpreted).
+
+``v033_pristine_tree`` is the 0.33.0 sdist (downloaded once, cached); ``v033_tree`` a copy of it with the line's
+series applied through the tool. ``$VLLM_PATCH_V033_TREE`` names another tree to test instead: pointing it at
+the pristine tree shows which tests the line makes pass (``$VLLM_PATCH_V033_PRISTINE_TREE`` likewise for the
+release).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parents[1] / "kernels"))  # vllm_tree
+
+from vllm_patch.infrastructure.downloads import pinned_base_tree  # noqa: E402
+from vllm_patch.lines import line_named  # noqa: E402
+from vllm_patch.operations import apply  # noqa: E402
+from vllm_patch.targets.tree import TreeTarget  # noqa: E402
+from vllm_trees import PROJECT, tree_from_env  # noqa: E402
+
+LINE = "v0.33"
+
+
+@pytest.fixture(scope="session")
+def v033_pristine_tree() -> Path:
+    """$VLLM_PATCH_V033_PRISTINE_TREE, else the line's pinned sdist."""
+    return tree_from_env("VLLM_PATCH_V033_PRISTINE_TREE") or \
+        pinned_base_tree(line_named(PROJECT, LINE).load().pin, quiet=True)
+
+
+@pytest.fixture(scope="session")
+def v033_tree(v033_pristine_tree: Path, tmp_path_factory) -> Path:
+    """$VLLM_PATCH_V033_TREE, else a copy of the release's vllm/ with the line applied (all or nothing)."""
+    chosen = tree_from_env("VLLM_PATCH_V033_TREE")
+    if chosen is not None:
+        return chosen
+    dest = tmp_path_factory.mktemp("v033-patched")
+    shutil.copytree(v033_pristine_tree / "vllm", dest / "vllm", ignore=shutil.ignore_patterns("__pycache__"))
+    apply(TreeTarget(dest), line_named(PROJECT, LINE).load())
+    return dest
