@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 LINE ?=
 SERIES_ARGS ?= $(if $(LINE),--line $(LINE))
 
-.PHONY: help setup check wheel image image-wheel image-base test unit lint bench gpu-bundle gpu-test clean
+.PHONY: help setup check wheel image image-wheel image-base test unit lint bench gpu-bundle gpu-kernel-pack gpu-test clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -50,6 +50,9 @@ bench: setup ## benchmark check/apply/revert on the real vLLM tree
 
 gpu-bundle: setup ## make the offline bundle for a GPU host in .gpu/ (slimmed pinned wheel + the wheels it needs)
 	$(BIN)/python tests/gpu/bundle.py --out .gpu
+
+gpu-kernel-pack: setup ## make the small pack for kernel-level GPU runs in .gpu/kt (pinned sources + patched, no wheel)
+	$(BIN)/python tests/gpu/kernel_pack.py --out .gpu/kt
 
 gpu-test: ## on a GPU host: assemble .gpu/, run kernel tests and scenarios on both trees, report to tests/gpu/reports
 	tests/gpu/host.sh stage .gpu/p*

@@ -13,6 +13,9 @@
 #                                       verify rows' causal lengths (each row misses its own token), a
 #                                       known bad tree the oracle must catch (VP_TREES="patched sabotaged")
 #   tests/gpu/host.sh save-cache FILE | load-cache FILE   Triton and vLLM compile caches, as tar.xz
+#   tests/gpu/host.sh kernel-pack DIR CMD...   kernel-level runs without the vLLM wheel: unpack the pack
+#                                       tests/gpu/kernel_pack.py made in DIR, run CMD with both trees named, e.g.
+#                                       kernel-pack .gpu/kt python3 -m pytest -n 14 tests/kernels tests/turboquant
 #
 # VP_HOME (default /tmp/vllm-patch-gpu) holds everything; VP_REPORT (default tests/gpu/reports)
 # receives the report; VP_TREES (default "unpatched patched") picks the trees.
@@ -140,13 +143,33 @@ load_cache() {
     "$PY" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' "$1" "$VP_HOME/work"
 }
 
+# The trees as $VLLM_PATCH_PRISTINE_TREE / $VLLM_PATCH_PATCHED_TREE (unpacked anew: the pack may be newer),
+# the wheels once per host.
+kernel_pack() {
+    local pack=$1 home=$VP_HOME/kernel-pack
+    shift
+    [ -f "$pack/trees.tar.xz" ] || die "no trees.tar.xz in $pack: run tests/gpu/kernel_pack.py here first"
+    rm -rf "$home/pristine" "$home/patched"
+    mkdir -p "$home"
+    "$PY" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' \
+        "$pack/trees.tar.xz" "$home"
+    if [ ! -f "$home/site/.complete" ]; then
+        "$PY" -m pip install -q --no-index --no-deps --target "$home/site" "$pack"/wheels/*.whl
+        touch "$home/site/.complete"
+    fi
+    cd "$ROOT"
+    VLLM_PATCH_PRISTINE_TREE=$home/pristine VLLM_PATCH_PATCHED_TREE=$home/patched GIT_PYTHON_REFRESH=quiet \
+        PYTHONPATH="$ROOT/tool:$home/site" "$@"
+}
+
 cmd=${1:-}
-[ -n "$cmd" ] || die "usage: host.sh stage|setup|kernels|scenarios|bench|all|bad-tree|save-cache|load-cache ..."
+[ -n "$cmd" ] || die "usage: host.sh stage|setup|kernels|kernel-pack|scenarios|bench|all|bad-tree|save-cache|load-cache ..."
 shift
 case $cmd in
     stage) stage "$@" ;;
     setup) setup ;;
     kernels) kernels "$@" ;;
+    kernel-pack) kernel_pack "$@" ;;
     scenarios) scenarios "$@" ;;
     bench) bench ;;
     all) setup && kernels && scenarios "$@" ;;
