@@ -23,7 +23,6 @@ sys.path.insert(0, str(PROJECT / "tool"))
 sys.path.insert(0, str(Path(__file__).parent))
 
 from bundle import TOOL_DEPS, download  # noqa: E402
-
 from vllm_patch.infrastructure.downloads import pinned_base_tree  # noqa: E402
 from vllm_patch.operations import apply  # noqa: E402
 from vllm_patch.series import load_series  # noqa: E402
