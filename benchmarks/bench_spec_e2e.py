@@ -12,6 +12,13 @@ Two comparisons (`--group`):
   times the verify path). Unpatched 0.20.0 refuses TurboQuant on hybrids, so the patched engine is
   compared with the settings a user could fall back to: PIECEWISE (the baseline) and no graphs.
 
+- `verify`: the kernels of a verify batch over long contexts (`--context`, 8192 and 32768 in the
+  report), the 1.1 B Llama with ngram K=3: patched FULL_AND_PIECEWISE with the multi-query kernel of
+  patch 0007 (`VLLM_TURBOQUANT_ATTENTION_KERNEL=multi_query`) and with the routed decode kernel
+  (`decode`, the default), against unpatched PIECEWISE (the baseline: the release's per-request
+  path, what users run). The KV cache is sized to hold every prompt of the largest batch, so
+  prefix caching leaves each run to decode.
+
 Every engine of a group is booted at once (tests/gpu/harness/interleave.py), warmed up, then run in
 rounds, the order rotating each round; a run decodes for at least `--min-seconds` (whole passes of
 the batch). Printed per configuration and batch size: output tokens/s min / median / max over the
@@ -19,6 +26,7 @@ rounds, and the ratio of medians to the group's baseline. Figures, no assertions
 and the trees of tests/gpu/host.sh; `tests/gpu/host.sh bench` runs it.
 
     python benchmarks/bench_spec_e2e.py --group llama --tree unpatched=DIR --tree patched=DIR --path SITE
+    python benchmarks/bench_spec_e2e.py --group verify --context 32768 --tree unpatched=DIR --tree patched=DIR
 """
 
 from __future__ import annotations
@@ -60,6 +68,19 @@ HYBRID_1B = ModelSpec(
 )
 
 
+LLAMA_1B_LONG = ModelSpec(
+    name="llama1b-24-long",
+    arch="llama",
+    config={**LLAMA_1B.config, "max_position_embeddings": 65536},
+    seed=1,
+    std=0.015,
+)
+
+# Upper bound of the KV cache bytes per token of LLAMA_1B_LONG under k8v4 (47.7 KiB: 20 TurboQuant
+# layers x 8 heads x 196 B, 4 bf16 layers x 8 heads x 512 B).
+LLAMA_1B_KV_BYTES = 64 << 10
+
+
 def bench_prompts(vocab: int, count: int = 8, length: int = 512) -> tuple[tuple[int, ...], ...]:
     """Prompts that repeat with different periods, so the ngram drafter proposes drafts."""
     out = []
@@ -70,8 +91,29 @@ def bench_prompts(vocab: int, count: int = 8, length: int = 512) -> tuple[tuple[
     return tuple(out)
 
 
-def configurations(group: str) -> tuple[list[tuple[str, str, Engine]], str]:
+def verify_configurations(context: int) -> tuple[list[tuple[str, str, Engine]], str]:
+    """The verify group: the multi-query kernel, the routed decode kernel and the release."""
+    model = LLAMA_1B_LONG
+    workload = (Workload("decode", bench_prompts(model.config["vocab_size"], length=context), max_tokens=256),)
+    base = {**COMMON, "max_model_len": context + 512, "gpu_memory_utilization": 0.1,
+            "kv_cache_memory_bytes": max(4 << 30, 8 * (context + 1024) * LLAMA_1B_KV_BYTES),
+            "kv_cache_dtype": "turboquant_k8v4", "speculative_config": ngram(3)}
+
+    def engine(kernel: str | None = None, **extra) -> Engine:
+        env = (("VLLM_TURBOQUANT_ATTENTION_KERNEL", kernel),) if kernel else ()
+        return Engine(model=model, kwargs={**base, **extra}, workloads=workload, env=env)
+
+    return [
+        ("patched multi-query FULL_AND_PIECEWISE", "patched", engine("multi_query")),
+        ("patched routed decode FULL_AND_PIECEWISE", "patched", engine("decode")),
+        ("unpatched PIECEWISE", "unpatched", engine(compilation_config={"cudagraph_mode": "PIECEWISE"})),
+    ], "unpatched PIECEWISE"
+
+
+def configurations(group: str, context: int = 512) -> tuple[list[tuple[str, str, Engine]], str]:
     """(label, tree, engine) of a group, and the label of its baseline."""
+    if group == "verify":
+        return verify_configurations(context)
     model = LLAMA_1B if group == "llama" else HYBRID_1B
     workload = (Workload("decode", bench_prompts(model.config["vocab_size"]), max_tokens=256),)
     base = {**COMMON, "max_model_len": 2048, "kv_cache_memory_bytes": 4 << 30, "gpu_memory_utilization": 0.1,
@@ -102,7 +144,8 @@ def configurations(group: str) -> tuple[list[tuple[str, str, Engine]], str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--group", choices=("llama", "hybrid"), required=True)
+    parser.add_argument("--group", choices=("llama", "hybrid", "verify"), required=True)
+    parser.add_argument("--context", type=int, default=8192, help="prompt tokens of the verify group")
     parser.add_argument("--tree", action="append", required=True, help="LABEL=DIR for unpatched and patched")
     parser.add_argument("--path", action="append", default=[], help="extra PYTHONPATH entries (dependencies)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/vllm-patch-gpu/work"))
@@ -111,7 +154,7 @@ def main() -> int:
     parser.add_argument("--batches", default="1,8", help="batch sizes, comma-separated")
     args = parser.parse_args()
     trees = {label: Path(path) for label, _, path in (t.partition("=") for t in args.tree)}
-    rows, baseline = configurations(args.group)
+    rows, baseline = configurations(args.group, args.context)
     missing = {tree for _, tree, _ in rows} - set(trees)
     if missing:
         raise SystemExit(f"--tree needed for: {', '.join(sorted(missing))}")
@@ -138,22 +181,23 @@ def main() -> int:
                                                   accepted + spec.get("num_accepted_tokens", 0.0))
     finally:
         fleet.close()
-    print(f"\n{args.group}: {model.name}, TurboQuant k8v4, 8 prompts x 512 tokens, 256 tokens each; "
+    prompt = len(rows[0][2].workloads[0].prompts[0])
+    print(f"\n{args.group}: {model.name}, TurboQuant k8v4, 8 prompts x {prompt} tokens, 256 tokens each; "
           f"{args.rounds} interleaved runs of >= {args.min_seconds:.0f} s after a warm-up; output tokens/s")
-    print(f"{'configuration':36} {'batch':>5} {'min':>8} {'median':>8} {'max':>8} {'vs ' + baseline:>30} "
+    print(f"{'configuration':42} {'batch':>5} {'min':>8} {'median':>8} {'max':>8} {'vs ' + baseline:>30} "
           f"{'acceptance':>10} {'boot s':>7}")
     for batch in (int(b) for b in args.batches.split(",")):
         for label in labels:
             m = fleet.members[label]
             values = results.get((label, batch), [])
             if not values:
-                print(f"{label:36} {batch:>5}  failed: {(m.failed or 'no run')[:120]}")
+                print(f"{label:42} {batch:>5}  failed: {(m.failed or 'no run')[:120]}")
                 continue
             base = results.get((baseline, batch))
             ratio = f"{ratio_of_medians(values, base):.2f}x" if base else "-"
             drafted, accepted = acceptance.get((label, batch), (0.0, 0.0))
             acc = f"{accepted / drafted:.2f}" if drafted else "-"
-            print(f"{label:36} {batch:>5} {spread(values)} {ratio:>30} {acc:>10} {m.boot.get('boot_s', '-'):>7}")
+            print(f"{label:42} {batch:>5} {spread(values)} {ratio:>30} {acc:>10} {m.boot.get('boot_s', '-'):>7}")
     return 0
 
 

@@ -8,6 +8,7 @@
 #   tests/gpu/host.sh kernels [ARGS]    kernel tests on both trees (pytest ARGS)
 #   tests/gpu/host.sh scenarios [ARGS]  scenarios on both trees (harness run ARGS, e.g. --scenarios a)
 #   tests/gpu/host.sh bench             the GPU benchmarks (benchmarks/bench_*.py), printed and saved with the report
+#   tests/gpu/host.sh bench-e2e GROUP [ARGS]   one group of benchmarks/bench_spec_e2e.py (e.g. verify --context 32768)
 #   tests/gpu/host.sh all               setup, kernels, scenarios
 #   tests/gpu/host.sh bad-tree          $VP_HOME/sabotaged: the patched tree with an off-by-one in the
 #                                       verify rows' causal lengths (each row misses its own token), a
@@ -116,12 +117,22 @@ bench() {
     "${kernel_env[@]}" "$PY" benchmarks/bench_tq_verify.py | tee "$VP_REPORT/bench-tq-verify.txt"
     "${kernel_env[@]}" "$PY" benchmarks/bench_gdn_recovery.py | tee "$VP_REPORT/bench-gdn-recovery.txt"
     "${kernel_env[@]}" "$PY" benchmarks/bench_tq_mq_verify.py --presets k8v4,4bit_nc | tee "$VP_REPORT/bench-tq-mq-verify.txt"
-    local group
-    for group in llama hybrid; do
-        "$PY" benchmarks/bench_spec_e2e.py --group "$group" --tree "unpatched=$VP_HOME/pristine" \
-            --tree "patched=$VP_HOME/patched" --path "$VP_HOME/site" --work "$VP_HOME/work" \
-            | tee "$VP_REPORT/bench-spec-e2e-$group.txt"
-    done
+    bench_e2e llama
+    bench_e2e hybrid
+    bench_e2e verify --context 8192
+    bench_e2e verify --context 32768
+}
+
+# One group of benchmarks/bench_spec_e2e.py (ARGS passed on), saved as bench-spec-e2e-GROUP[-CONTEXT].txt.
+bench_e2e() {
+    local group=$1 tag=$1
+    shift
+    [ "${1:-}" = --context ] && tag="$group-$2"
+    cd "$ROOT"
+    mkdir -p "$VP_REPORT"
+    "$PY" benchmarks/bench_spec_e2e.py --group "$group" --tree "unpatched=$VP_HOME/pristine" \
+        --tree "patched=$VP_HOME/patched" --path "$VP_HOME/site" --work "$VP_HOME/work" "$@" \
+        | tee "$VP_REPORT/bench-spec-e2e-$tag.txt"
 }
 
 bad_tree() {
@@ -163,7 +174,7 @@ kernel_pack() {
 }
 
 cmd=${1:-}
-[ -n "$cmd" ] || die "usage: host.sh stage|setup|kernels|kernel-pack|scenarios|bench|all|bad-tree|save-cache|load-cache ..."
+[ -n "$cmd" ] || die "usage: host.sh stage|setup|kernels|kernel-pack|scenarios|bench|bench-e2e|all|bad-tree|save-cache|load-cache ..."
 shift
 case $cmd in
     stage) stage "$@" ;;
@@ -172,6 +183,7 @@ case $cmd in
     kernel-pack) kernel_pack "$@" ;;
     scenarios) scenarios "$@" ;;
     bench) bench ;;
+    bench-e2e) bench_e2e "$@" ;;
     all) setup && kernels && scenarios "$@" ;;
     bad-tree) bad_tree ;;
     save-cache) save_cache "$@" ;;

@@ -3,12 +3,15 @@ the bundle. The GPU runs themselves happen on a GPU host (tests/gpu/host.sh)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import subprocess
+import sys
 
 import pytest
 
 from harness import report
-from harness.runner import engine_digest
+from harness.runner import _env, engine_digest
 from harness.scenarios import BY_NAME, PROBES, SCENARIOS, prompts, select
 
 VARIED = [list(range(10, 42)), list(range(20, 52))]
@@ -241,3 +244,15 @@ def test_forced_runs_follow_the_test_and_the_calibration():
 def test_probes_are_selected_by_name_only():
     assert not any(s.name.startswith("x-") for s in select(None))
     assert [s.name for s in select("x")] == [s.name for s in PROBES]
+
+
+def test_an_engines_environment_reaches_its_process_and_its_identity(tmp_path, monkeypatch):
+    monkeypatch.delenv("VLLM_TURBOQUANT_ATTENTION_KERNEL", raising=False)
+    plain = SCENARIOS[0].test
+    mq = dataclasses.replace(plain, env=(("VLLM_TURBOQUANT_ATTENTION_KERNEL", "multi_query"),))
+    probe = [sys.executable, "-c", "import os; print(os.environ.get('VLLM_TURBOQUANT_ATTENTION_KERNEL'))"]
+    seen = {name: subprocess.run(probe, env=_env(tmp_path, [], tmp_path, e.env), capture_output=True, text=True,
+                                 check=True).stdout.strip() for name, e in (("plain", plain), ("mq", mq))}
+    assert seen == {"plain": "None", "mq": "multi_query"}
+    assert engine_digest(mq) != engine_digest(plain)
+    assert '"env"' not in plain.key()  # engines without an environment keep their digests

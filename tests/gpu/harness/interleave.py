@@ -78,7 +78,7 @@ class Fleet:
             log = open(out / "serve.log", "wb")  # noqa: SIM115 - lives as long as the process
             proc = subprocess.Popen([sys.executable, "-m", "harness.serve", str(job)], stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=log, text=True,
-                                    env=_env(tree, extra_path, work / "cache"))
+                                    env=_env(tree, extra_path, work / "cache", engine.env))
             self.members[label] = Member(label, engine, proc)
         for m in self.members.values():
             m.boot = self._read(m) or {"error": {"type": "exit", "message": "no answer", "at": None}}

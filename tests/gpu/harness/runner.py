@@ -43,8 +43,9 @@ def _job(engine: Engine, model_dir: Path, force: dict[str, list[list[int]]] | No
     }
 
 
-def _env(tree: Path, extra_path: list[Path], cache: Path) -> dict[str, str]:
-    env = dict(os.environ)
+def _env(tree: Path, extra_path: list[Path], cache: Path,
+         engine_env: tuple[tuple[str, str], ...] = ()) -> dict[str, str]:
+    env = {**os.environ, **dict(engine_env)}
     parts = [str(tree), str(HARNESS_ROOT), *map(str, extra_path)]
     if env.get("PYTHONPATH"):
         parts.append(env["PYTHONPATH"])
@@ -69,7 +70,7 @@ def run_engine(engine: Engine, tree: Path, model_dir: Path, out: Path, extra_pat
     with open(log_file, "wb") as log:
         try:
             proc = subprocess.run([sys.executable, "-m", "harness.child", str(job_file), str(result_file)],
-                                  env=_env(tree, extra_path, cache), stdout=log, stderr=subprocess.STDOUT,
+                                  env=_env(tree, extra_path, cache, engine.env), stdout=log, stderr=subprocess.STDOUT,
                                   timeout=timeout, check=False)
             code: int | None = proc.returncode
         except subprocess.TimeoutExpired:

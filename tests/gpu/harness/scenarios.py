@@ -36,11 +36,14 @@ class Engine:
     # Decode forced to follow another engine's tokens, scoring each of them (harness.forcing);
     # the runner gives it the tokens once that engine has run.
     force: bool = False
+    # Environment variables of the engine's process (vLLM reads some settings only there, such as
+    # VLLM_TURBOQUANT_ATTENTION_KERNEL), as (name, value) pairs.
+    env: tuple[tuple[str, str], ...] = ()
 
     def key(self) -> str:
         """Engines with the same key give the same tokens; a shared reference runs once."""
         return json.dumps({"model": self.model.key(), "kwargs": self.kwargs, "score": self.score,
-                           "force": self.force,
+                           "force": self.force, **({"env": list(map(list, self.env))} if self.env else {}),
                            "workloads": [[w.name, w.prompts, w.max_tokens] for w in self.workloads]},
                           sort_keys=True)
 
