@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -160,9 +161,11 @@ def main() -> int:
         raise SystemExit(f"--tree needed for: {', '.join(sorted(missing))}")
     model = rows[0][2].model
     model_dirs = {model.name: build(model, args.work / "models")}
+    started = time.perf_counter()
     fleet = Fleet([(label, engine, trees[tree]) for label, tree, engine in rows], model_dirs, args.work,
                   [Path(p) for p in args.path])
     labels = [label for label, _, _ in rows]
+    print(f"[bench] {len(labels)} engines booted in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     results: dict[tuple[str, int], list[float]] = {}
     acceptance: dict[tuple[str, int], tuple[float, float]] = {}
     try:
@@ -175,6 +178,9 @@ def main() -> int:
                     if "error" in run:
                         continue
                     results.setdefault((label, batch), []).append(run["tokens"] / run["seconds"])
+                    # Progress on stderr: a run cut short by a time limit still shows what it measured.
+                    print(f"[bench] {label} batch {batch}: {results[(label, batch)][-1]:.1f} tok/s "
+                          f"({run['seconds']:.1f} s)", file=sys.stderr, flush=True)
                     spec = run.get("spec") or {}
                     drafted, accepted = acceptance.get((label, batch), (0.0, 0.0))
                     acceptance[(label, batch)] = (drafted + spec.get("num_draft_tokens", 0.0),

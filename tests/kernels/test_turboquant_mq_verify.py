@@ -283,6 +283,13 @@ def test_launcher_checks_shapes(mq_ops, device):
     bufs["q_rot_buf"] = None
     with pytest.raises(ValueError, match="q_rot_buf"):
         _mq(mq_ops, query, cache, k1, scale, bufs)
+    bufs = _scratch(n, hq, d, 4, device)
+    lay = cache.layout
+    with pytest.raises(ValueError, match="MSE keys of 2 bits"):
+        mq_ops.triton_turboquant_mq_verify_attention(
+            query, cache.kv_cache, cache.block_table, cache.seq_lens, k1, cache.centroids[:4], scale, 2,
+            lay.key_packed_size, lay.value_bits, bufs["output"], bufs["mid_o_buf"], bufs["q_rot_buf"], PiT=cache.pi,
+            norm_correction=True)
 
 
 # ---------------------------------------------------------------------------

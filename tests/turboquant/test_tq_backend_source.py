@@ -181,3 +181,21 @@ def test_cudagraph_support_per_step(pristine_tree, patch1_tree, patched_tree):
     builder = _class(_module(patched_tree), "TurboQuantMetadataBuilder")
     getter = ast.unparse(_method(builder, "get_cudagraph_support"))
     assert "_SPEC_VERIFY_MAX_QUERY_LEN" in getter and "UNIFORM_SINGLE_TOKEN_DECODE" in getter
+
+
+def _env_default(tree: Path, name: str) -> str | None:
+    """The default of an ``env_with_choices(NAME, DEFAULT, ...)`` entry of ``vllm/envs.py``."""
+    for node in ast.walk(ast.parse((tree / "vllm/envs.py").read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "env_with_choices" \
+                and isinstance(node.args[0], ast.Constant) and node.args[0].value == name:
+            return node.args[1].value
+    return None
+
+
+def test_the_multi_query_kernel_is_the_default_and_the_stand_in_envs_agree(patched_tree, pristine_tree):
+    from tq_backend import _Settings
+
+    assert _env_default(pristine_tree, "VLLM_TURBOQUANT_ATTENTION_KERNEL") is None
+    default = _env_default(patched_tree, "VLLM_TURBOQUANT_ATTENTION_KERNEL")
+    assert default == "multi_query"
+    assert _Settings().attention_kernel == default, "tests/turboquant's vllm.envs stand-in must default like vLLM"

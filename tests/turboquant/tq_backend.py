@@ -209,7 +209,7 @@ class _Settings:
         self.kv_splits = 32
         self.cudagraph_mode: CUDAGraphMode | None = None
         self.num_speculative_tokens: int | None = None
-        self.attention_kernel = "decode"  # $VLLM_TURBOQUANT_ATTENTION_KERNEL (patch 0007)
+        self.attention_kernel = "multi_query"  # $VLLM_TURBOQUANT_ATTENTION_KERNEL (patch 0007; its default)
 
     def vllm_config(self) -> SimpleNamespace:
         spec = None if self.num_speculative_tokens is None else \
