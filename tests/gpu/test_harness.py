@@ -256,3 +256,11 @@ def test_an_engines_environment_reaches_its_process_and_its_identity(tmp_path, m
     assert seen == {"plain": "None", "mq": "multi_query"}
     assert engine_digest(mq) != engine_digest(plain)
     assert '"env"' not in plain.key()  # engines without an environment keep their digests
+
+
+def test_the_recorded_command_names_neither_the_harness_path_nor_the_report_folder():
+    from harness.__main__ import portable_command
+
+    argv = ["/some/checkout/tests/gpu/harness/__main__.py", "run", "--tree", "patched=/x/p", "--out", "/r",
+            "--scenarios", "a", "--out=/r2", "--title", "two words"]
+    assert portable_command(argv) == "python -m harness run --tree patched=/x/p --scenarios a --title 'two words'"

@@ -28,8 +28,23 @@ def _trees(values: list[str]) -> dict[str, Path]:
     return trees
 
 
+def portable_command(argv: list[str]) -> str:
+    """The command as `python -m harness ...`, without --out: where this machine keeps the
+    harness and writes the report does not matter to rerunning it."""
+    args, skip = [], False
+    for a in argv[1:]:
+        if skip or a.startswith("--out="):
+            skip = False
+            continue
+        if a == "--out":
+            skip = True
+            continue
+        args.append(a)
+    return " ".join(["python", "-m", "harness", *map(shlex.quote, args)])
+
+
 def _meta(args: argparse.Namespace, wall: float | None) -> dict:
-    meta = {"title": args.title, "command": " ".join(map(shlex.quote, sys.argv)),
+    meta = {"title": args.title, "command": portable_command(sys.argv),
             "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "python": platform.python_version()}
     try:
         import torch
