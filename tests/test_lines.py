@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import build_series, edit, run_cli, snapshot
+from helpers import build_series, edit, git_repo, run_cli, snapshot, write_tree
 from vllm_patch.errors import InputError, PinMismatch
-from vllm_patch.lines import CURRENT, line_for, line_named, lines_of
+from vllm_patch.lines import CURRENT, line_for, line_named, lines_of, project_of
 
 OLD_VERSION_PY = b"__version__ = version = '0.19.1'\n__commit_id__ = commit_id = 'g0123456789'\n"
 OLD_PIN = {"version": "0.19.1", "tag": "v0.19.1", "commit": "0123456789"}
@@ -104,3 +104,22 @@ def test_series_and_check_take_the_line(project):
     assert data["pin"]["version"] == "0.19.1"
     assert [p["name"] for p in data["patches"]] == ["0001-old-fix.patch"]
     assert json.loads(run_cli("--series", str(project), "series", "--json").stdout)["pin"]["version"] == "0.20.0"
+
+
+def test_authoring_takes_the_line(project, base_files, tmp_path, monkeypatch):
+    """`new --line NAME` records the patch in lines/NAME, not in the top-level series."""
+    monkeypatch.setenv("VLLM_PATCH_CACHE", str(tmp_path / "cache"))
+    old_base = {**base_files, "vllm/_version.py": OLD_VERSION_PY}
+    upstream = git_repo(tmp_path / "upstream", old_base, tag="v0.19.1")
+    tree = tmp_path / "edited"
+    write_tree(tree, {**old_base, "vllm/b.py": edit(base_files["vllm/b.py"], b"return 2\n", b"return 22\n")})
+    write_tree(tree, {"vllm/a.py": edit(base_files["vllm/a.py"], b"line 15\n", b"line 15 line\n")})
+    top_before = (project / "series").read_text()
+    made = run_cli("--series", str(project), "--line", "v0.19", "new", "--from", str(tree), "--file", "vllm/a.py",
+                   "--subject", "a line fix", "--upstream", str(upstream))
+    assert made.returncode == 0, made.stderr
+    assert (project / "series").read_text() == top_before
+    assert "0002-a-line-fix.patch" in (project / "lines" / "v0.19" / "series").read_text()
+    assert (project / "lines" / "v0.19" / "patches" / "0002-a-line-fix.patch").is_file()
+    assert not (project / "patches" / "0002-a-line-fix.patch").exists()
+    assert project_of(project / "lines" / "v0.19") == project and project_of(project) == project

@@ -31,10 +31,15 @@ def _root(ctx: click.Context) -> Path:
     return Path(ctx.obj.get("series_dir") or find_series_root())
 
 
+def _line_root(ctx: click.Context) -> Path:
+    """The directory of --line NAME's series, else the top-level one (the current release's)."""
+    name = ctx.obj.get("line")
+    return line_named(_root(ctx), name).root if name else _root(ctx)
+
+
 def _series(ctx: click.Context) -> Series:
     """The series of --line NAME, else the top-level one (the current release's)."""
-    name = ctx.obj.get("line")
-    return line_named(_root(ctx), name).load() if name else load_series(_root(ctx))
+    return load_series(_line_root(ctx))
 
 
 def _series_for(ctx: click.Context, target: Target, force: bool) -> tuple[Series, str | None]:
@@ -287,7 +292,7 @@ def rebase(ctx: click.Context, tag: str | None, resume: bool, skip: bool, drops:
     """Rebase the series onto TAG (e.g. v0.21.0): clean, merged, upstreamed or obsolete (dropped), or conflict."""
     from .lifecycle.rebase import RebaseConflict
 
-    root = _root(ctx)
+    root = _line_root(ctx)
     try:
         result = operations.rebase(root, tag, resume, skip, drops, reason, allow_new, abort, repo, quiet=as_json,
                                    on_recovered=lambda what: err.print(f"recovered: {what}"))
@@ -324,7 +329,7 @@ def outlook(ctx: click.Context, releases: str | None, to_tag: str | None, repo: 
     if releases and to_tag:
         raise click.UsageError("give --releases or --to, not both")
     root = _root(ctx)
-    series = load_series(root)
+    series = _series(ctx)
     quiet = as_json or str(markdown) == "-"
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=err,
                   transient=True, disable=quiet) as progress:
@@ -349,7 +354,7 @@ def outlook(ctx: click.Context, releases: str | None, to_tag: str | None, repo: 
 
 
 def _author(ctx: click.Context, upstream: str | None, quiet: bool):
-    return operations.author(_root(ctx), upstream, quiet)
+    return operations.author(_line_root(ctx), upstream, quiet)
 
 
 def _authored(result, as_json: bool) -> None:
@@ -436,7 +441,7 @@ def import_cmd(ctx, source, repo, name, subject, author, origin, bug, forwarded,
     def header_for(single: bool):
         return _header(name if single else None, subject if single else None, author, origin, bug, forwarded)
 
-    root = _root(ctx)
+    root = _line_root(ctx)
     for result in operations.import_patches(root, source, repo, header_for, unique, upstream, as_json):
         _authored(result, as_json)
 

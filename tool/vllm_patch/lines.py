@@ -37,6 +37,11 @@ def lines_of(project: Path) -> list[Line]:
     return found
 
 
+def project_of(series_root: Path) -> Path:
+    """The project holding a series directory: a line's ``lines/NAME`` lies two levels down."""
+    return series_root.parent.parent if series_root.parent.name == LINES_DIR else series_root
+
+
 def line_named(project: Path, name: str) -> Line:
     """The line `name` (``current`` is the top-level series); unknown names are an input error."""
     check_path("--line", name)

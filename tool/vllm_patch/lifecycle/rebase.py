@@ -35,6 +35,7 @@ from ..engine.pin import Artifact, Pin
 from ..errors import InputError, PatchFailed, UpstreamError
 from ..infrastructure.downloads import index_files, indexed_artifact
 from ..infrastructure.transaction import SeriesDir
+from ..lines import project_of
 from ..series import PATCH_DIR, SERIES_FILE, Series, parse_series_text
 from .merge3 import conflict_regions, marker_lines, merge_file
 from .obsolete import Judge, project_test_runner
@@ -398,7 +399,7 @@ class Rebaser:
 
     def _obsolete(self, state: SavedState) -> Judge:
         read = functools.partial(self.cache.read, state.new_commit)
-        return Judge(read, project_test_runner(self.root, lambda: self.cache.checkout(state.new_commit)))
+        return Judge(read, project_test_runner(project_of(self.root), lambda: self.cache.checkout(state.new_commit)))
 
     def _run(self, state: SavedState, resolved: Contents | None, skip: str | None = None) -> RebaseResult:
         patches = list(self.series.patches)
