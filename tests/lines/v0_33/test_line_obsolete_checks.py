@@ -19,3 +19,10 @@ def test_gdn_index_bound_is_obsolete_only_where_the_bound_is(v033_pristine_tree,
     assert len(conditions(patch)) == 2
     assert Judge(_reader(v033_pristine_tree)).obsolete(patch) is None
     assert Judge(_reader(v033_tree)).obsolete(patch)
+
+
+def test_tq_multi_query_route_is_obsolete_only_where_verify_is_spec_as_decode(v033_pristine_tree, v033_tree):
+    patch = next(p for p in line_named(PROJECT, "v0.33").load().patches if "multi-query-verify" in p.name)
+    assert len(conditions(patch)) == 2
+    assert Judge(_reader(v033_pristine_tree)).obsolete(patch) is None
+    assert Judge(_reader(v033_tree)).obsolete(patch)

@@ -5,8 +5,9 @@ patched tree they pass.
 
 1. FULL CUDA graphs: 0.33's resolve_cudagraph_mode_and_sizes (config/compilation.py:1448-1465) keeps
    FULL decode graphs for a uniform decode length K+1 > 1 iff every attention builder reports at least
-   UNIFORM_BATCH. The TurboQuant builder (UltraQuant inherits it) serves K+1 batches with a host-driven
-   per-request loop, so it must report less whenever K+1 > 1, and keep FULL graphs for q_len=1 decodes.
+   UNIFORM_BATCH. The UltraQuant builder serves K+1 batches with a host-driven per-request loop, so it
+   must report less whenever K+1 > 1, and keep FULL graphs for q_len=1 decodes. (TurboQuant did the same
+   until the line's patch 0003 gave its verify batches a graph-safe kernel: test_tq_mq_verify.py.)
 2. Causal lengths: a verify batch under async scheduling whose CPU seq_lens are the optimistic upper
    bound (two drafts of the previous step rejected) must attend over exactly the cached tokens plus
    the causal prefix of the new ones, as the exact device seq_lens say.
@@ -33,7 +34,9 @@ def _full_decode_graphs_kept(support, cg, uniform_decode_query_len: int) -> bool
     return not (uniform_decode_query_len > 1 and support.value < cg.UNIFORM_BATCH.value)
 
 
-@pytest.mark.parametrize("backend", ["TurboQuantAttentionBackend", "UltraQuantAttentionBackend"])
+# TurboQuant's verify batches run a graph-safe kernel since the line's patch 0003, which gives them FULL graphs
+# back (test_tq_mq_verify.py); UltraQuant keeps the per-request loop.
+@pytest.mark.parametrize("backend", ["UltraQuantAttentionBackend"])
 def test_no_full_graphs_for_host_driven_verify_batches(mods, backend):
     tq, uq, _ = mods
     cls = getattr(tq if backend.startswith("Turbo") else uq, backend)

@@ -6,6 +6,11 @@ own enum, cut out of ``vllm/v1/attention/backend.py`` with ``ast``. The TurboQua
 decode kernels are replaced by one dense reference: for row r it attends over the first
 ``seq_lens[r]`` cache positions of ``block_table[r]`` and records the ``seq_lens`` it was given.
 The cache in these tests is a plain float tensor ``(num_blocks, block_size, Hk, 2 * D)`` holding K|V.
+
+``split_decodes_and_prefills``, ``max_decode_query_len`` and the builder's ``_init_reorder_batch_threshold``
+are the tree's own code, cut out with ``ast``. The multi-query verify kernel (the line's patch 0003) is, by
+default, a stand-in that gives the ``Recorder`` one row per query with its causal length
+``seq_lens[r] - K1 + 1 + j`` and records the call; ``load(tree, mq=module)`` uses a real module instead.
 """
 
 from __future__ import annotations
@@ -30,14 +35,15 @@ BACKEND = "vllm/v1/attention/backend.py"
 _real_import = builtins.__import__
 
 
-def tree_class(tree: Path, relpath: str, name: str, **scope) -> type:
-    """One top-level class of a tree file, compiled on its own."""
+def tree_class(tree: Path, relpath: str, name: str, **scope) -> Any:
+    """One top-level class or function (``Class.method`` for a method) of a tree file, compiled on its own."""
     path = tree / relpath
-    mod = ast.parse(path.read_text(), str(path))
-    node = next(n for n in mod.body if isinstance(n, ast.ClassDef) and n.name == name)
+    found: Any = ast.parse(path.read_text(), str(path))
+    for part in name.split("."):
+        found = next(n for n in found.body if isinstance(n, (ast.ClassDef, ast.FunctionDef)) and n.name == part)
     ns: dict[str, Any] = dict(scope)
-    exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec"), ns)
-    return ns[name]
+    exec(compile(ast.Module(body=[found], type_ignores=[]), str(path), "exec"), ns)
+    return ns[found.name]
 
 
 class Recorder:
@@ -45,6 +51,7 @@ class Recorder:
 
     def __init__(self) -> None:
         self.seq_lens: list[list[int]] = []
+        self.mq_calls: list[dict] = []  # the multi-query kernel's calls: k1, rows, scratch shapes
 
     def attend(self, query, kv_cache, block_table, seq_lens, scale) -> torch.Tensor:
         lens = [int(x) for x in seq_lens.tolist()]
@@ -67,6 +74,26 @@ class Recorder:
         return out.to(query.dtype)
 
 
+def mq_stand_in(rec: Recorder) -> ModuleType:
+    """The multi-query kernel module as the Recorder: row j of request r attends over seq_lens[r] - K1 + 1 + j
+    positions (0 if fewer), written into ``output``."""
+
+    def attention(query, kv_cache, block_table, seq_lens, k1, centroids, scale, mse_bits, key_packed_size,
+                  value_bits, output, mid_o_buf, q_rot_buf, **kw):
+        n = query.shape[0]
+        b = n // k1
+        rec.mq_calls.append(dict(k1=k1, rows=n, mid_o=tuple(mid_o_buf.shape), q_rot=tuple(q_rot_buf.shape),
+                                 mid_o_dtype=mid_o_buf.dtype, q_rot_dtype=q_rot_buf.dtype))
+        lens = (seq_lens[:b, None] + torch.arange(1 - k1, 1, dtype=seq_lens.dtype)).clamp_min(0).reshape(-1)
+        output[:n] = rec.attend(query, kv_cache, block_table[:b].repeat_interleave(k1, dim=0), lens, scale)
+        return output
+
+    def supports(head_dim: int) -> bool:
+        return 16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0
+
+    return _module("mq", triton_turboquant_mq_verify_attention=attention, tq_mq_verify_supports=supports)
+
+
 def _module(name: str, **attrs) -> ModuleType:
     m = ModuleType(name)
     m.__dict__.update(attrs)
@@ -76,8 +103,9 @@ def _module(name: str, **attrs) -> ModuleType:
 M = TypeVar("M")
 
 
-def make_stubs(tree: Path, rec: Recorder) -> dict[str, ModuleType]:
+def make_stubs(tree: Path, rec: Recorder, mq: ModuleType | None = None) -> dict[str, ModuleType]:
     AttentionCGSupport = tree_class(tree, BACKEND, "AttentionCGSupport", Enum=enum.Enum)
+    max_decode_query_len = tree_class(tree, BACKEND, "max_decode_query_len")
 
     class AttentionMetadataBuilder(Generic[M]):
         _cudagraph_support: ClassVar[Any] = AttentionCGSupport.NEVER
@@ -91,9 +119,9 @@ def make_stubs(tree: Path, rec: Recorder) -> dict[str, ModuleType]:
         def get_cudagraph_support(cls, vllm_config, kv_cache_spec):
             return cls._cudagraph_support  # as 0.33's AttentionMetadataBuilder
 
-        def _init_reorder_batch_threshold(self, reorder_batch_threshold=1, supports_spec_as_decode=False,
-                                          supports_dcp_with_varlen=False):
-            self.reorder_batch_threshold = reorder_batch_threshold
+        _init_reorder_batch_threshold = tree_class(
+            tree, BACKEND, "AttentionMetadataBuilder._init_reorder_batch_threshold",
+            max_decode_query_len=max_decode_query_len)
 
     class AttentionImpl(Generic[M]):
         pass
@@ -117,14 +145,8 @@ def make_stubs(tree: Path, rec: Recorder) -> dict[str, ModuleType]:
         slot_mapping: torch.Tensor
         seq_lens_cpu_upper_bound: torch.Tensor | None = None
 
-    def split_decodes_and_prefills(cam, decode_threshold=1, **_):
-        qsl = cam.query_start_loc_cpu
-        q_lens = (qsl[1:] - qsl[:-1]).tolist()
-        nd = 0
-        while nd < len(q_lens) and q_lens[nd] <= decode_threshold:
-            nd += 1
-        ndt = int(qsl[nd])
-        return nd, len(q_lens) - nd, ndt, cam.num_actual_tokens - ndt
+    split_decodes_and_prefills = tree_class(tree, "vllm/v1/attention/backends/utils.py",
+                                            "split_decodes_and_prefills", CommonAttentionMetadata=Any, torch=torch)
 
     def tq_decode(*, query, kv_cache, block_table, seq_lens, scale, **_):
         return rec.attend(query, kv_cache, block_table, seq_lens, scale)
@@ -157,7 +179,7 @@ def make_stubs(tree: Path, rec: Recorder) -> dict[str, ModuleType]:
             AttentionImpl=AttentionImpl, AttentionLayer=Any, AttentionMetadata=AttentionMetadata,
             AttentionMetadataBuilder=AttentionMetadataBuilder,
             AttentionType=SimpleNamespace(DECODER="decoder"), CommonAttentionMetadata=CommonAttentionMetadata,
-            MultipleOf=int),
+            MultipleOf=int, max_decode_query_len=max_decode_query_len),
         "vllm.v1.attention.backends.fa_utils": _module(
             "fa", get_flash_attn_version=lambda **_: None, is_flash_attn_varlen_func_available=lambda: False),
         "vllm.v1.attention.backends.utils": _module("u", split_decodes_and_prefills=split_decodes_and_prefills),
@@ -167,6 +189,7 @@ def make_stubs(tree: Path, rec: Recorder) -> dict[str, ModuleType]:
         "vllm.v1.attention.ops.triton_turboquant_decode": _module(
             "d", _tq_full_dequant_kv=None, _use_fp8_e4b15=unused, triton_turboquant_decode_attention=tq_decode),
         "vllm.v1.attention.ops.triton_turboquant_store": _module("s", triton_turboquant_store=unused),
+        "vllm.v1.attention.ops.triton_turboquant_verify": mq if mq is not None else mq_stand_in(rec),
         "vllm.v1.kv_cache_interface": _module("k", AttentionSpec=object, KVCacheLayout=KVCacheLayout),
         "vllm.v1.worker.workspace": _module(
             "w", current_workspace_manager=unused, is_workspace_manager_initialized=lambda: False),
@@ -196,12 +219,12 @@ def _exec_file(tree: Path, relpath: str, name: str, stubs: dict[str, ModuleType]
     return module
 
 
-def load(tree: Path) -> tuple[ModuleType, ModuleType, Recorder]:
-    """(turboquant_attn, ultraquant_attn, recorder) of ``tree``."""
+def load(tree: Path, mq: ModuleType | None = None) -> tuple[ModuleType, ModuleType, Recorder]:
+    """(turboquant_attn, ultraquant_attn, recorder) of ``tree``; ``mq``: the multi-query kernel module to use."""
     tree = Path(tree).resolve()
     rec = Recorder()
-    stubs = make_stubs(tree, rec)
-    key = abs(hash(str(tree)))
+    stubs = make_stubs(tree, rec, mq)
+    key = abs(hash((str(tree), id(mq))))
     tq = _exec_file(tree, TQ, f"_tq_under_test_{key}", stubs)
     stubs["vllm.v1.attention.backends.turboquant_attn"] = tq
     uq = _exec_file(tree, UQ, f"_uq_under_test_{key}", stubs)
