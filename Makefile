@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 LINE ?=
 SERIES_ARGS ?= $(if $(LINE),--line $(LINE))
 
-.PHONY: help setup check wheel image image-wheel image-base test unit lint bench gpu-bundle gpu-kernel-pack gpu-test clean
+.PHONY: help setup check wheel image image-wheel image-base test unit lint bench gpu-bundle gpu-kernel-pack gpu-stack-bundle gpu-test clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -53,6 +53,10 @@ gpu-bundle: setup ## make the offline bundle for a GPU host in .gpu/ (slimmed pi
 
 gpu-kernel-pack: setup ## make the small pack for kernel-level GPU runs in .gpu/kt (pinned sources + patched, no wheel)
 	$(BIN)/python tests/gpu/kernel_pack.py --out .gpu/kt
+
+gpu-stack-bundle: setup ## a release line's own torch/triton/NCCL/vLLM for a GPU host, in .gpu/LINE/pNN (LINE=v0.33 default)
+	$(BIN)/python tests/gpu/stack_bundle.py --line $(or $(LINE),v0.33) $(STACK_ARGS)
+	$(BIN)/pip wheel -q --disable-pip-version-check . -w .gpu/tool-wheels
 
 gpu-test: ## on a GPU host: assemble .gpu/, run kernel tests and scenarios on both trees, report to tests/gpu/reports
 	tests/gpu/host.sh stage .gpu/p*

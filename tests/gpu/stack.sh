@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# The GPU host's side of a stack bundle (tests/gpu/stack_bundle.py): a release line's own torch, triton, NCCL,
+# vLLM and Python packages in a private prefix, for a line whose vLLM needs a newer torch than the host's.
+# The host's torch, its site-packages and the $VP_HOME trees of tests/gpu/host.sh are never written to.
+# Needs python3.12 (the bundle's Python; PYTHON picks another executable) and no network.
+#
+#   tests/gpu/stack.sh stage DIR...      copy part folders (.gpu/v0.33/pNN) into $VP_HOME/stack/LINE/parts
+#   tests/gpu/stack.sh check LINE        which parts are still missing or corrupt (one line), else a summary
+#   tests/gpu/stack.sh setup LINE        check every sha256, unpack into $VP_HOME/stack/LINE/prefix/site
+#   tests/gpu/stack.sh run LINE CMD...   CMD with the prefix first on PYTHONPATH and its nvidia libraries first
+#                                        on LD_LIBRARY_PATH (then the host's); prints torch/triton/CUDA first
+#   tests/gpu/stack.sh env LINE          the environment run uses, as export lines (for `eval`)
+#   tests/gpu/stack.sh clean-parts LINE  delete the staged parts (after setup; the prefix stays)
+#
+# VP_HOME (default /tmp/vllm-patch-gpu) holds everything.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+VP_HOME=${VP_HOME:-/tmp/vllm-patch-gpu}
+PY=${PYTHON:-python3.12}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+PARTS_PY=$ROOT/tests/gpu/stack_parts.py
+
+die() { echo "stack.sh: $*" >&2; exit 2; }
+
+line_dir() {
+    [ -n "${1:-}" ] || die "name the release line, e.g. v0.33"
+    case $1 in */* | .*) die "bad line name $1" ;; esac
+    echo "$VP_HOME/stack/$1"
+}
+
+stage() {
+    [ $# -gt 0 ] || die "usage: stack.sh stage DIR..."
+    local dir line dest
+    for dir in "$@"; do
+        [ -f "$dir/manifest.json" ] || die "no stack bundle part folder $dir (no manifest.json)"
+        line=$("$PY" "$PARTS_PY" line "$dir")
+        dest=$(line_dir "$line")/parts
+        mkdir -p "$dest"
+        cp "$dir"/* "$dest/"
+        echo "staged $dir for $line"
+    done
+}
+
+# The host's own nvidia library folders (on its sys.path: site-packages, the caller's PYTHONPATH; not the
+# prefix's), for LD_LIBRARY_PATH.
+host_nvidia_libs() {
+    "$PY" -c '
+import glob, os, sys
+print(":".join(d for r in dict.fromkeys(sys.path) if r for d in sorted(glob.glob(os.path.join(r, "nvidia", "*", "lib")))))'
+}
+
+stack_env() {
+    local dir site libs host
+    dir=$(line_dir "$1")
+    site=$dir/prefix/site
+    [ -f "$dir/prefix/.complete" ] || die "no prefix for $1 in $dir: run stack.sh setup $1 first"
+    libs=$(find "$site/nvidia" -mindepth 2 -maxdepth 2 -type d -name lib 2>/dev/null | sort | paste -sd: -)
+    host=$(host_nvidia_libs)
+    echo "export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}"
+    libs=$(printf '%s\n' "$libs" "$host" "${LD_LIBRARY_PATH:-}" | grep -v '^$' | paste -sd: -)
+    echo "export LD_LIBRARY_PATH=$libs"
+    # Separate caches: kernels and graphs compiled by triton 3.6/torch 2.11 are no use here, nor the reverse.
+    echo "export TRITON_CACHE_DIR=${STACK_TRITON_CACHE_DIR:-$dir/cache/triton}"
+    echo "export VLLM_CACHE_ROOT=${STACK_VLLM_CACHE_ROOT:-$dir/cache/vllm}"
+    echo "export TORCHINDUCTOR_CACHE_DIR=${STACK_INDUCTOR_CACHE_DIR:-$dir/cache/inductor}"
+    # cuDNN stays the host's (9.19) unless it travelled: torch 2.14 (built with 9.24) would refuse it at first
+    # use. An LLM with FlashAttention 2 uses no cuDNN; see stack_bundle.py.
+    if ! grep -q '"cudnn_travels": true' "$dir/prefix/manifest.json"; then
+        echo "export PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK=1"
+    fi
+}
+
+run() {
+    local line=${1:-}
+    shift || true
+    [ $# -gt 0 ] || die "usage: stack.sh run LINE CMD..."
+    local envs
+    envs=$(stack_env "$line") || exit 2
+    eval "$envs"
+    "$PY" -c 'import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.is_available())' \
+        || die "torch or triton of $line does not import (see above)"
+    exec "$@"
+}
+
+# The scenarios on the line's vLLM, unpatched and patched: both trees are copies of the prefix's vllm/ (the
+# patched one with the line's series applied by vllm-patch, whose own wheels make gpu-stack-bundle leaves in
+# .gpu/tool-wheels), run with the prefix's torch. ARGS go to `python -m harness run` (e.g. --scenarios f-).
+scenarios() {
+    local line=${1:-} dir site trees deps version
+    shift || true
+    dir=$(line_dir "$line")
+    site=$dir/prefix/site trees=$dir/trees deps=$VP_HOME/tool-deps
+    [ -f "$dir/prefix/.complete" ] || die "no prefix for $line in $dir: run stack.sh setup $line first"
+    version=$(sed -n 's/^#: version = //p' "$ROOT/lines/$line/series")
+    [ -n "$version" ] || die "no line $line in $ROOT/lines"
+    if [ ! -f "$deps/.complete" ]; then
+        ls "$ROOT"/.gpu/tool-wheels/*.whl >/dev/null 2>&1 || die "no .gpu/tool-wheels (make gpu-stack-bundle)"
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$deps" "$ROOT"/.gpu/tool-wheels/*.whl
+        touch "$deps/.complete"
+    fi
+    for t in unpatched patched; do
+        rm -rf "${trees:?}/$t" && mkdir -p "$trees/$t"
+        cp -a "$site/vllm" "$site"/vllm-*.dist-info "$trees/$t/"
+    done
+    (cd "$ROOT" && PYTHONPATH="$ROOT/tool:$deps" "$PY" -m vllm_patch --line "$line" apply --target "$trees/patched")
+    eval "$(stack_env "$line")"
+    # The release's sampler imports FlashInfer, which the stack does not carry, unless told not to.
+    export VLLM_USE_FLASHINFER_SAMPLER=0
+    cd "$ROOT/tests/gpu"
+    "$PY" -m harness run --tree "unpatched=$trees/unpatched" --tree "patched=$trees/patched" --work "$dir/work" \
+        --out "${VP_REPORT:-$ROOT/tests/gpu/reports}" --title "vLLM $version" "$@"
+}
+
+cmd=${1:-}
+[ -n "$cmd" ] || die "usage: stack.sh stage|check|setup|run|scenarios|env|clean-parts ..."
+shift
+case $cmd in
+    stage) stage "$@" ;;
+    check) dir=$(line_dir "${1:-}"); "$PY" "$PARTS_PY" check "$dir/parts" ;;
+    setup) dir=$(line_dir "${1:-}"); "$PY" "$PARTS_PY" setup "$dir/parts" "$dir/prefix" ;;
+    run) run "$@" ;;
+    scenarios) scenarios "$@" ;;
+    env) stack_env "${1:-}" ;;
+    clean-parts) dir=$(line_dir "${1:-}"); rm -rf "$dir/parts" ;;
+    *) die "unknown command $cmd" ;;
+esac

@@ -1,0 +1,285 @@
+"""Make the offline "stack bundle" of a release line whose vLLM needs a newer torch than the GPU host has.
+
+The host has CUDA torch 2.11 and triton 3.6 (vLLM 0.20's stack); vLLM 0.33 pins torch 2.14.0, which needs triton
+3.8. The bundle carries a whole private site dir, unpacked here from the wheels (slimmed) so the host needs neither
+pip nor xz: torch and triton, the nvidia-* libraries torch 2.14 pins that the host's (torch 2.11's pins) cannot
+stand in for, the line's pinned vLLM wheel (slimmed as tests/gpu/bundle.py does, and more), and the pure-Python
+packages the line needs newer than the host's. One tar, cut at the components' borders into separately
+xz-compressed streams (so the manifest gives each component's compressed size), split into parts of at most
+60 MiB in out/p01, out/p02, ...; every part folder holds the manifest (sha256 of the archive and of each part).
+`tests/gpu/stack.sh` stages, checks and unpacks it there into a prefix of its own, never touching the host's torch.
+
+    python tests/gpu/stack_bundle.py --line v0.33                  # .gpu/v0.33/p01 ...
+    python tests/gpu/stack_bundle.py --line v0.33 --with cudnn     # also ship cuDNN 9.24 (~9 parts more)
+
+What travels, and why (v0.33; figures from the wheels' METADATA and their ELF symbols, torch 2.14.0+cu130):
+- NCCL 2.30.7: libtorch_cuda.so 2.14 needs 11 functions NCCL 2.28.9 (torch 2.11's pin, the host's) lacks
+  (ncclCommGrow, ncclCommSuspend, ncclPutSignal, ...), unversioned and strong: the old library fails at load time.
+- not cuBLAS 13.1.1.3 (host 13.1.0.3), cuSPARSELt 0.8.1 (host 0.8.0), cuDNN 9.24 (host 9.19): same sonames, every
+  symbol torch 2.14 takes from them is there in the host's; torch checks no cuBLAS/cuSPARSELt version, and its cuDNN
+  check (runtime minor >= compile minor) runs only when cuDNN is used (convolutions, cuDNN SDPA), which an LLM with
+  FlashAttention 2 does not; stack.sh sets PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK=1 unless cuDNN travels (--with).
+- the rest of torch 2.14's pins (cuda-toolkit 13.0.3: runtime, nvrtc, cufft, curand, cusolver, cusparse, cupti,
+  cufile, nvjitlink, nvtx; nvshmem 3.4.5; cuda-bindings) are the versions torch 2.11 pins, already on the host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from stack_parts import sha256_file, write_manifest  # noqa: E402
+
+from bundle import PART_BYTES, PLATFORMS, PROJECT, fetch, kept, split  # noqa: E402
+from vllm_patch.series import load_series  # noqa: E402
+
+# Never loaded by a run: static libraries, C headers of the nvidia wheels.
+DROPPED_ALWAYS = (".a",)
+DROPPED_ALWAYS_DIRS = ("nvidia/nccl/include/", "nvidia/cudnn/include/", "nvidia/cu13/include/",
+                       "nvidia/cusparselt/include/")
+# torch: C++ headers and CMake files (for building extensions; vLLM's come compiled, and inductor's Triton code
+# for CUDA graphs needs no C++ compiler), protoc (a build tool).
+TORCH_DROPPED = ("torch/include/", "torch/share/", "torch/bin/protoc", "torch/bin/protoc-3.21.12.0")
+# triton: Blackwell-only ptxas and CUPTI (sm_100+; the H100 is sm_90 and takes bin/ptxas), the disassemblers
+# (triton.tools.disasm only), the test libraries and FileCheck (lit tests).
+TRITON_DROPPED = ("triton/backends/nvidia/bin/ptxas-blackwell", "triton/backends/nvidia/bin/cuobjdump",
+                  "triton/backends/nvidia/bin/nvdisasm", "triton/backends/nvidia/lib/cupti-blackwell/",
+                  "triton/instrumentation/libGPUInstrumentationTestLib.so", "triton/plugins/libTritonPluginsTestLib.so",
+                  "triton/FileCheck")
+# vLLM, besides bundle.DROPPED (FlashAttention 3, DeepGEMM): the Rust frontend binary (opt-in, serve only) and the
+# SM100 (Blackwell) attention sources compiled on first use there.
+VLLM_DROPPED = ("vllm/vllm-rs", "vllm/third_party/fmha_sm100/")
+# Besides bundle.PLATFORMS: NCCL's wheels are manylinux_2_18, CUPTI's manylinux_2_25.
+STACK_PLATFORMS = (*PLATFORMS, "manylinux_2_18_x86_64", "manylinux_2_25_x86_64")
+
+
+@dataclass(frozen=True)
+class Line:
+    torch: str
+    triton: str
+    nvidia: tuple[str, ...]
+    optional: dict[str, str]
+    deps: tuple[str, ...]
+    python: str = "3.12"
+    host: str = "torch 2.11.0+cu130, triton 3.6.0 and torch 2.11's nvidia-* pins"
+    why: dict[str, str] = field(default_factory=dict)
+
+
+# vLLM 0.33.0's Requires-Dist raised above vLLM 0.20's (or new), resolved together with tests/gpu/bundle.py's
+# VLLM_DEPS (which 0.33 still imports) for cp312 manylinux; left out: numpy and opencv-python-headless (the same
+# requirement in 0.20 and 0.33: the host's serve, and numpy is bound to the host's numba), torch, triton and the
+# nvidia/cuda wheels (their own components), and the GPU kernel packages vLLM imports only when asked (flashinfer,
+# tilelang, cutlass-dsl, quack, humming, tokenspeed-mla, torchcodec, PyNvVideoCodec, fastsafetensors, instanttensor).
+# torchvision 0.29.0 (torch 2.14's) travels so that a host torchvision built for 2.11 is never imported with 2.14.
+V033_DEPS = (
+    "aiohappyeyeballs==2.7.1", "aiohttp==3.14.5", "aiosignal==1.4.0", "annotated-doc==0.0.7", "annotated-types==0.8.0",
+    "anyio==4.16.0", "apache-tvm-ffi==0.1.11", "astor==0.8.1", "attrs==26.1.0", "blake3==1.0.11", "cachetools==8.0.1",
+    "cbor2==6.2.1", "certifi==2026.10.19.post1", "cffi==2.1.1", "charset-normalizer==3.5.2", "click==8.5.1",
+    "compressed-tensors==0.17.0", "cryptography==50.0.2", "depyf==0.20.0", "dill==0.4.1", "distro==1.9.0",
+    "fastapi==0.136.3", "filelock==4.2.12", "frozenlist==1.8.0", "fsspec==2026.9.0", "h11==0.16.0", "hf-xet==1.8.0",
+    "httpcore==1.0.9", "httpcore2==2.16.2", "httpx==0.28.1", "httpx2==2.16.2", "huggingface_hub==2.4.0",
+    "idna==3.20", "ijson==3.6.0", "jiter==0.19.0", "jmespath==1.1.0", "jsonschema==4.26.0",
+    "jsonschema-specifications==2025.9.1", "lark==1.2.2", "llguidance==1.7.6", "loguru==0.7.3",
+    "markdown-it-py==4.3.0", "mcp==2.3.0", "mcp-types==2.3.0", "mdurl==0.1.2", "mistral_common==1.13.1",
+    "model-hosting-container-standards==0.1.16", "msgspec==0.22.0", "multidict==7.2.1", "openai==2.54.0",
+    "opentelemetry-api==1.45.2", "orjson==3.13.0", "oss-harmony==0.0.11", "packaging==26.3",
+    "partial-json-parser==0.2.1.1.post7", "pillow==13.0.0", "prometheus-fastapi-instrumentator==8.1.0",
+    "prometheus_client==0.26.0", "propcache==0.5.4", "pybase64==1.5.1", "pycountry==26.2.16", "pycparser==3.12",
+    "pydantic==2.14.4", "pydantic-extra-types==2.11.1", "pydantic_core==2.50.5", "Pygments==2.21.0",
+    "PyJWT==2.15.1", "python-json-logger==4.2.0", "python-multipart==0.0.34", "PyYAML==6.0.4", "pyzmq==27.3.0",
+    "referencing==0.37.0", "regex==2026.11.19", "requests==2.34.2", "rich==15.0.0", "rpds-py==2026.9.1",
+    "safetensors==0.8.0", "setproctitle==1.3.8", "setuptools==80.10.2", "shellingham==1.5.4", "sniffio==1.3.1",
+    "sse-starlette==3.7.0", "starlette==1.10.0", "supervisor==4.3.0", "tiktoken==0.14.0", "tokenizers==0.23.3",
+    "torchvision==0.29.0", "tqdm==4.70.1", "transformers==5.20.2", "truststore==0.10.5", "typer==0.29.2",
+    "typing-inspection==0.4.5", "typing_extensions==4.16.0", "urllib3==2.8.0", "uvicorn==0.54.0",
+    "xgrammar==0.2.8", "yarl==1.25.1",
+)
+
+LINES = {
+    "v0.33": Line(
+        torch="torch==2.14.0", triton="triton==3.8.0",
+        nvidia=("nvidia-nccl-cu13==2.30.7",),
+        optional={"cudnn": "nvidia-cudnn-cu13==9.24.0.43", "cublas": "nvidia-cublas==13.1.1.3",
+                  "cusparselt": "nvidia-cusparselt-cu13==0.8.1"},
+        deps=V033_DEPS,
+        why={"nvidia-nccl-cu13": "libtorch_cuda.so needs 11 symbols NCCL 2.28.9 lacks (ncclCommGrow, ...)"},
+    ),
+}
+
+
+def matches(name: str, rules: tuple[str, ...]) -> bool:
+    """Whether name is one of rules (a rule ending in / is a folder)."""
+    return any(name == r or (r.endswith("/") and name.startswith(r)) for r in rules)
+
+
+def dropped(name: str, rules: tuple[str, ...] = ()) -> bool:
+    """Whether an installed file stays home: static libraries and headers always, the component's rules, and
+    bundle.py's slimming of vLLM."""
+    return (name.endswith(DROPPED_ALWAYS) or matches(name, DROPPED_ALWAYS_DIRS) or matches(name, rules)
+            or not kept(name))
+
+
+def installed_name(member: str) -> str | None:
+    """Where a wheel member lands in a --target site dir (None: scripts, headers and data stay home)."""
+    top, _, rest = member.partition("/")
+    if top.endswith(".data"):
+        kind, _, path = rest.partition("/")
+        return path if kind in ("purelib", "platlib") and path else None
+    return member
+
+
+def add_wheel(tar: tarfile.TarFile, wheel: Path, rules: tuple[str, ...], seen: set[str]) -> dict:
+    """wheel's files, as installed, into tar (straight from the zip); the kept and dropped byte counts."""
+    kept_bytes = dropped_bytes = 0
+    with zipfile.ZipFile(wheel) as zf:
+        for info in sorted(zf.infolist(), key=lambda i: i.filename):
+            if info.is_dir():
+                continue
+            name = installed_name(info.filename)
+            if name is None or dropped(name, rules) or name in seen:
+                dropped_bytes += info.file_size
+                continue
+            seen.add(name)
+            entry = tarfile.TarInfo(name)
+            entry.size = info.file_size
+            entry.mtime = int(time.mktime((*info.date_time, 0, 0, -1)))
+            entry.mode = (info.external_attr >> 16) & 0o777 or 0o644
+            with zf.open(info) as src:
+                tar.addfile(entry, src)
+            kept_bytes += info.file_size
+    return {"wheel": wheel.name, "kept_bytes": kept_bytes, "dropped_bytes": dropped_bytes}
+
+
+def download(specs: tuple[str, ...], dest: Path, python: str = "3.12") -> list[Path]:
+    """The wheels of specs (no dependencies) for the host, cp312 manylinux x86_64: all the wheels in dest."""
+    dest.mkdir(parents=True, exist_ok=True)
+    args = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+            "--python-version", python, "--implementation", "cp", "-d", str(dest)]
+    for plat in STACK_PLATFORMS:
+        args += ["--platform", plat]
+    subprocess.run(args + list(specs), check=True)
+    return sorted(dest.glob("*.whl"))
+
+
+def compress_slices(plain: Path, cuts: list[tuple[str, int, int]], archive: Path, level: int) -> dict[str, int]:
+    """archive: each [start, end) of plain as its own xz stream, one after the other (xz and Python's lzma read
+    them as one); each component's compressed size."""
+    sizes = {}
+    with open(archive, "wb") as out, open(plain, "rb") as src:
+        for name, start, end in cuts:
+            before = out.tell()
+            proc = subprocess.Popen(["xz", "-T0", f"-{level}", "-c"], stdin=subprocess.PIPE, stdout=out)
+            src.seek(start)
+            left = end - start
+            while left:
+                block = src.read(min(left, 1 << 22))
+                proc.stdin.write(block)
+                left -= len(block)
+            proc.stdin.close()
+            if proc.wait():
+                raise SystemExit(f"stack_bundle: xz failed on {name}")
+            out.flush()
+            sizes[name] = out.tell() - before
+    return sizes
+
+
+def build(line_name: str, out: Path, extras: tuple[str, ...], work: Path, level: int = 6,
+          part_bytes: int = PART_BYTES, wheels: dict[str, list[Path]] | None = None, python: str | None = None) -> dict:
+    """The bundle in out/pNN. wheels (component name -> wheel files) replaces the downloads, python the line's
+    Python (tests)."""
+    line = LINES[line_name]
+    python = python or line.python
+    if wheels is None:
+        pin = load_series(PROJECT / "lines" / line_name).pin
+        dl = work / "wheels"
+        nvidia = line.nvidia + tuple(line.optional[e] for e in extras)
+        wheels = {
+            "torch": download((line.torch,), dl / "torch", line.python),
+            "triton": download((line.triton,), dl / "triton", line.python),
+            "nvidia": download(nvidia, dl / "nvidia", line.python),
+            "vllm": [fetch(pin.wheel)],
+            "deps": download(line.deps, dl / "deps", line.python),
+        }
+    rules = {"torch": TORCH_DROPPED, "triton": TRITON_DROPPED, "vllm": VLLM_DROPPED}
+    plain = work / "stack.tar"
+    cuts, components, seen, start = [], [], set(), 0
+    with tarfile.open(plain, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name, files in wheels.items():
+            added = [add_wheel(tar, w, rules.get(name, ()), seen) for w in files]
+            end = tar.offset
+            cuts.append((name, start, end))
+            components.append({"name": name, "wheels": [a["wheel"] for a in added],
+                               "kept_bytes": sum(a["kept_bytes"] for a in added),
+                               "dropped_bytes": sum(a["dropped_bytes"] for a in added)})
+            start = end
+    # the tar's end-of-archive blocks go with the last component
+    cuts[-1] = (cuts[-1][0], cuts[-1][1], plain.stat().st_size)
+    archive = work / "stack.tar.xz"
+    sizes = compress_slices(plain, cuts, archive, level)
+    plain.unlink()
+    for c in components:
+        c["xz_bytes"] = sizes[c["name"]]
+    digest = sha256_file(archive)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    parts = [_renumber(p, out) for p in split(archive, out, part_bytes)]
+    note = (f"stack {line_name}: " + ", ".join(Path(w).name for c in components if c["name"] != "deps"
+                                                for w in c["wheels"])
+            + f" (slimmed) + {len(components[-1]['wheels'])} Python packages; xz -{level}")
+    info = {"line": line_name, "python": python, "host": line.host, "xz_level": level,
+            "components": components, "dropped": {k: list(v) for k, v in rules.items()},
+            "dropped_always": [*DROPPED_ALWAYS, *DROPPED_ALWAYS_DIRS], "why": line.why,
+            "cudnn_travels": any("cudnn" in w for c in components for w in c["wheels"]), "note": note}
+    manifest = write_manifest(out, parts, archive, digest, info)
+    archive.unlink()
+    return manifest
+
+
+def _renumber(part: Path, out: Path) -> Path:
+    """bundle.split's out/pN/NAME.NNN as out/pNN/NAME.NNN (folders that sort in order)."""
+    index = int(part.parent.name[1:])
+    folder = out / f"p{index:02d}"
+    if folder != part.parent:
+        part.parent.rename(folder)
+    return folder / part.name
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--line", default="v0.33", choices=sorted(LINES))
+    parser.add_argument("--out", type=Path, help="default .gpu/LINE")
+    parser.add_argument("--with", dest="extras", default="", help="comma-separated: " + ", ".join(
+        sorted(LINES["v0.33"].optional)) + " (nvidia libraries that need not travel)")
+    parser.add_argument("--level", type=int, default=6, choices=range(0, 10), help="xz preset (default 6)")
+    parser.add_argument("--work", type=Path, help="scratch folder (default a temporary one in /tmp)")
+    args = parser.parse_args()
+    out = args.out or PROJECT / ".gpu" / args.line
+    extras = tuple(e for e in args.extras.split(",") if e)
+    unknown = [e for e in extras if e not in LINES[args.line].optional]
+    if unknown:
+        parser.error(f"--with {','.join(unknown)}: not one of {', '.join(sorted(LINES[args.line].optional))}")
+    with tempfile.TemporaryDirectory(dir=args.work) as tmp:
+        manifest = build(args.line, out, extras, Path(tmp), args.level)
+    for c in manifest["components"]:
+        print(f"{c['name']:7} {c['kept_bytes'] / 2**20:8.1f} MiB kept, {c['dropped_bytes'] / 2**20:7.1f} MiB dropped, "
+              f"xz -{args.level}: {c['xz_bytes'] / 2**20:7.1f} MiB  ({', '.join(c['wheels'][:4])}"
+              f"{', ...' if len(c['wheels']) > 4 else ''})")
+    total = manifest["archive_bytes"]
+    print(f"archive {total / 2**20:.1f} MiB, sha256 {manifest['archive_sha256']}: {len(manifest['parts'])} parts "
+          f"in {out}/p01..p{len(manifest['parts']):02d}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
