@@ -153,9 +153,17 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5, help="timed runs of each configuration (after a warm-up)")
     parser.add_argument("--min-seconds", type=float, default=10.0, help="least decoding time of one run")
     parser.add_argument("--batches", default="1,8", help="batch sizes, comma-separated")
+    parser.add_argument("--only", default="", help="configurations whose label starts with one of these "
+                                                   "comma-separated words (e.g. ngram); the baseline becomes "
+                                                   "their PIECEWISE one if the group's is left out")
     args = parser.parse_args()
     trees = {label: Path(path) for label, _, path in (t.partition("=") for t in args.tree)}
     rows, baseline = configurations(args.group, args.context)
+    if args.only:
+        words = tuple(w.strip() for w in args.only.split(","))
+        rows = [r for r in rows if r[0].startswith(words)]
+        if baseline not in {label for label, _, _ in rows}:
+            baseline = next(label for label, _, _ in rows if label.endswith(" PIECEWISE") and "FULL" not in label)
     missing = {tree for _, tree, _ in rows} - set(trees)
     if missing:
         raise SystemExit(f"--tree needed for: {', '.join(sorted(missing))}")

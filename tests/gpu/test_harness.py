@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from harness import report
-from harness.runner import _env, engine_digest
+from harness.runner import _env, child_env, engine_digest
 from harness.scenarios import BY_NAME, PROBES, SCENARIOS, prompts, select
 
 VARIED = [list(range(10, 42)), list(range(20, 52))]
@@ -99,7 +99,7 @@ def test_scenarios_are_well_formed():
         if s.oracle == "forced":
             assert s.reference.force and not s.test.force and s.calibration is not None
             assert "speculative_config" in s.test.kwargs and "speculative_config" not in s.reference.kwargs
-            assert s.reference.kwargs["kv_cache_dtype"] == s.test.kwargs["kv_cache_dtype"]
+            assert s.reference.kwargs.get("kv_cache_dtype") == s.test.kwargs.get("kv_cache_dtype")
     assert len({len(p) for p in prompts(64)}) == 4
 
 
@@ -264,3 +264,13 @@ def test_the_recorded_command_names_neither_the_harness_path_nor_the_report_fold
     argv = ["/some/checkout/tests/gpu/harness/__main__.py", "run", "--tree", "patched=/x/p", "--out", "/r",
             "--scenarios", "a", "--out=/r2", "--title", "two words"]
     assert portable_command(argv) == "python -m harness run --tree patched=/x/p --scenarios a --title 'two words'"
+
+
+def test_forced_decodes_run_on_the_v1_model_runner(tmp_path, monkeypatch):
+    """The forcing logits processor has V1's interface; Model Runner V2 (vLLM >= 0.29's default) refuses it."""
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    s = BY_NAME["f-hybrid-tq-k8v4-mtp3-bfloat16"]
+    forced = child_env(s.reference, tmp_path, [], tmp_path, forced=True)
+    free = child_env(s.test, tmp_path, [], tmp_path, forced=False)
+    assert forced["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in free

@@ -43,6 +43,11 @@ def _job(engine: Engine, model_dir: Path, force: dict[str, list[list[int]]] | No
     }
 
 
+# A forced decode runs on the V1 model runner: harness.forcing's logits processor has V1's interface, and
+# from vLLM 0.29 on Model Runner V2 (the default) loads only processors of its own class. (0.20 ignores it.)
+FORCED_ENV: tuple[tuple[str, str], ...] = (("VLLM_USE_V2_MODEL_RUNNER", "0"),)
+
+
 def _env(tree: Path, extra_path: list[Path], cache: Path,
          engine_env: tuple[tuple[str, str], ...] = ()) -> dict[str, str]:
     env = {**os.environ, **dict(engine_env)}
@@ -57,6 +62,11 @@ def _env(tree: Path, extra_path: list[Path], cache: Path,
     return env
 
 
+def child_env(engine: Engine, tree: Path, extra_path: list[Path], cache: Path, forced: bool) -> dict[str, str]:
+    """The environment of an engine's process; a forced decode's runs on the V1 model runner."""
+    return _env(tree, extra_path, cache, engine.env + (FORCED_ENV if forced else ()))
+
+
 def run_engine(engine: Engine, tree: Path, model_dir: Path, out: Path, extra_path: list[Path],
                cache: Path, timeout: float, digest: str | None = None,
                force: dict[str, list[list[int]]] | None = None) -> dict[str, Any]:
@@ -66,11 +76,12 @@ def run_engine(engine: Engine, tree: Path, model_dir: Path, out: Path, extra_pat
     job_file, result_file, log_file = (out / f"{digest}.{s}" for s in ("job.json", "json", "log"))
     job_file.write_text(json.dumps(_job(engine, model_dir, force)))
     result_file.unlink(missing_ok=True)
+    env = child_env(engine, tree, extra_path, cache, forced=force is not None)
     started = time.perf_counter()
     with open(log_file, "wb") as log:
         try:
             proc = subprocess.run([sys.executable, "-m", "harness.child", str(job_file), str(result_file)],
-                                  env=_env(tree, extra_path, cache, engine.env), stdout=log, stderr=subprocess.STDOUT,
+                                  env=env, stdout=log, stderr=subprocess.STDOUT,
                                   timeout=timeout, check=False)
             code: int | None = proc.returncode
         except subprocess.TimeoutExpired:
