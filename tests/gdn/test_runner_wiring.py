@@ -1,4 +1,5 @@
-"""What the patched model runner hands the Mamba2/GDN metadata builders (patches 0004-0006), on CPU.
+"""What the patched model runner hands the Mamba2/GDN metadata builders (patches 0004-0006), and which
+batches it replays in the FULL graphs of verify batches (patch 0008), on CPU.
 
 ``gpu_model_runner.py`` cannot be imported here, so the pieces of the runner that decide it are cut out
 of the patched source with ``ast`` and run with stand-ins:
@@ -7,7 +8,9 @@ of the patched source with ``ast`` and run with stand-ins:
 - the ``extra_attn_metadata_args`` assignment and the ``if``/``elif`` after it in
   ``_build_attn_group_metadata`` (which builder gets which arguments);
 - the initial ``num_decode_draft_tokens`` of ``_prepare_inputs`` (which rows the GDN builder verifies
-  on the spec path).
+  on the spec path);
+- ``execute_model``'s ``force_uniform_decode`` and ``_is_uniform_decode`` (whether a batch of the
+  uniform 1 + K shape replays the FULL graphs captured for verify batches).
 """
 
 from __future__ import annotations
@@ -188,3 +191,71 @@ def test_draft_rows_need_drafts_plus_one_scheduled_tokens(draft_marks):
     """A row with drafts is a spec row only when it is scheduled exactly its drafts plus one tokens."""
     assert _marks(draft_marks, computed=[40, 40, 10], prompt=[20, 20, 30], scheduled=[4, 6, 4],
                   drafts={0: 3, 1: 3, 2: 3}) == [3, -1, -1]
+
+
+@pytest.fixture(scope="module")
+def uniform_dispatch(runner_source):
+    """``execute_model``'s statements from ``force_uniform_decode = None`` to the ``if`` that may set it,
+    and the runner's ``_is_uniform_decode`` and ``_only_verify_rows``, run with stand-ins."""
+    body = None
+    for node in ast.walk(_function(runner_source, "execute_model")):
+        for field in ("body", "orelse"):
+            stmts = getattr(node, field, None)
+            if body is None and isinstance(stmts, list) and any(
+                    isinstance(s, ast.Assign) and [getattr(t, "id", None) for t in s.targets]
+                    == ["force_uniform_decode"] for s in stmts):
+                body = stmts  # the outermost: ast.walk goes breadth first
+    if body is None:
+        raise LookupError("execute_model sets no force_uniform_decode")
+    start = next(i for i, s in enumerate(body) if isinstance(s, ast.Assign)
+                 and [getattr(t, "id", None) for t in s.targets] == ["force_uniform_decode"])
+    block = compile(ast.Module(body=body[start:start + 2], type_ignores=[]), RUNNER, "exec")
+    helpers = {}
+    for name in ("_is_uniform_decode", "_only_verify_rows"):
+        fn = _function(runner_source, name)
+        fn.decorator_list = []
+        exec(compile(ast.Module(body=[fn], type_ignores=[]), RUNNER, "exec"), {}, helpers)
+    calls = [c for c in ast.walk(_function(runner_source, "execute_model")) if isinstance(c, ast.Call)
+             and getattr(c.func, "attr", None) == "_determine_batch_execution_and_padding"]
+    assert any(k.arg == "force_uniform_decode" and getattr(k.value, "id", None) == "force_uniform_decode"
+               for c in calls for k in c.keywords), "the dispatch does not get force_uniform_decode"
+    return block, helpers
+
+
+def _replays_verify_graph(uniform_dispatch, scheduled: list[int], drafts: dict[int, int], k: int = 3) -> bool:
+    block, helpers = uniform_dispatch
+    req_ids = [f"r{i}" for i in range(len(scheduled))]
+    runner = SimpleNamespace(num_spec_tokens=k, uniform_decode_query_len=1 + k,
+                             _only_verify_rows=helpers["_only_verify_rows"])
+    scheduler_output = SimpleNamespace(scheduled_spec_decode_tokens={f"r{i}": [7] * n for i, n in drafts.items()})
+    scope = dict(self=runner, req_ids=req_ids, scheduler_output=scheduler_output,
+                 max_num_scheduled_tokens=max(scheduled), num_reqs=len(scheduled))
+    exec(block, {}, scope)
+    return helpers["_is_uniform_decode"](max(scheduled), 1 + k, sum(scheduled), len(scheduled),
+                                         scope["force_uniform_decode"])
+
+
+def test_verify_batches_replay_the_uniform_decode_graph(uniform_dispatch):
+    """Every request verifying K drafts: the FULL graph of uniform decode batches (as the release does)."""
+    assert _replays_verify_graph(uniform_dispatch, [4] * 8, {i: 3 for i in range(8)})
+    assert _replays_verify_graph(uniform_dispatch, [9, 9], {0: 8, 1: 8}, k=8)
+
+
+def test_a_prompt_chunk_of_the_verify_shape_is_a_mixed_batch(uniform_dispatch):
+    """Seven verify rows and a prompt chunk of 1 + K tokens (a short prompt, a chunked prompt's tail, a
+    recomputation after preemption): the shape of a verify batch, dispatched as a mixed batch."""
+    assert not _replays_verify_graph(uniform_dispatch, [4] * 8, {i: 3 for i in range(7)})
+    assert not _replays_verify_graph(uniform_dispatch, [4], {})
+    assert not _replays_verify_graph(uniform_dispatch, [4, 4], {0: 3, 1: 2})
+
+
+def test_batches_of_other_shapes_are_left_to_the_release(uniform_dispatch):
+    """A batch whose rows differ in length is not uniform either way; without drafts nothing changes."""
+    assert not _replays_verify_graph(uniform_dispatch, [4, 2], {0: 3, 1: 1})
+    block, helpers = uniform_dispatch
+    scope = dict(self=SimpleNamespace(num_spec_tokens=0, uniform_decode_query_len=1,
+                                      _only_verify_rows=helpers["_only_verify_rows"]),
+                 req_ids=["r0"], scheduler_output=SimpleNamespace(scheduled_spec_decode_tokens={}),
+                 max_num_scheduled_tokens=1, num_reqs=1)
+    exec(block, {}, scope)
+    assert scope["force_uniform_decode"] is None

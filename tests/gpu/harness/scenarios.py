@@ -226,7 +226,7 @@ def _preemption(method: str) -> Scenario:
         calibration=_engine(model, workloads, max_num_batched_tokens=1024, max_model_len=512,
                             async_scheduling=False),
         unpatched="runs, but emits tokens that are not the greedy choice (GDN state)",
-        fixed_by=("0004", "0005", "0006"),
+        fixed_by=("0004", "0005", "0006", "0008"),
         oracle="forced",
     )
 
