@@ -8,7 +8,8 @@
 #   tests/gpu/host.sh kernels [ARGS]    kernel tests on both trees (pytest ARGS)
 #   tests/gpu/host.sh scenarios [ARGS]  scenarios on both trees (harness run ARGS, e.g. --scenarios a)
 #   tests/gpu/host.sh bench             the GPU benchmarks (benchmarks/bench_*.py), printed and saved with the report
-#   tests/gpu/host.sh bench-e2e GROUP [ARGS]   one group of benchmarks/bench_spec_e2e.py (e.g. verify --context 32768)
+#   tests/gpu/host.sh bench-e2e GROUP [ARGS]   one group of benchmarks/bench_spec_e2e.py (e.g. verify --context 32768,
+#                                       hybrid --only ngram), saved as bench-spec-e2e-GROUP[-CONTEXT|-ONLY].txt
 #   tests/gpu/host.sh all               setup, kernels, scenarios
 #   tests/gpu/host.sh bad-tree          $VP_HOME/sabotaged: the patched tree with an off-by-one in the
 #                                       verify rows' causal lengths (each row misses its own token), a
@@ -123,11 +124,12 @@ bench() {
     bench_e2e verify --context 32768
 }
 
-# One group of benchmarks/bench_spec_e2e.py (ARGS passed on), saved as bench-spec-e2e-GROUP[-CONTEXT].txt.
+# One group of benchmarks/bench_spec_e2e.py (ARGS passed on), saved as bench-spec-e2e-GROUP[-CONTEXT|-ONLY].txt.
 bench_e2e() {
     local group=$1 tag=$1
     shift
     [ "${1:-}" = --context ] && tag="$group-$2"
+    [ "${1:-}" = --only ] && tag="$group-$2"
     cd "$ROOT"
     mkdir -p "$VP_REPORT"
     "$PY" benchmarks/bench_spec_e2e.py --group "$group" --tree "unpatched=$VP_HOME/pristine" \
