@@ -119,7 +119,8 @@ bench() {
     "${kernel_env[@]}" "$PY" benchmarks/bench_gdn_recovery.py | tee "$VP_REPORT/bench-gdn-recovery.txt"
     "${kernel_env[@]}" "$PY" benchmarks/bench_tq_mq_verify.py --presets k8v4,4bit_nc | tee "$VP_REPORT/bench-tq-mq-verify.txt"
     bench_e2e llama
-    bench_e2e hybrid
+    bench_e2e hybrid --only ngram
+    bench_e2e hybrid --only mtp
     bench_e2e verify --context 8192
     bench_e2e verify --context 32768
 }
