@@ -47,7 +47,9 @@ TOOL_DEPS = ("unidiff==1.0.1", "GitPython==3.2.1", "gitdb==4.0.12", "smmap==5.0.
              "installer==1.1.0")
 PLATFORMS = ("manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_28_x86_64", "manylinux_2_27_x86_64",
              "manylinux_2_24_x86_64", "manylinux_2_31_x86_64", "manylinux_2_34_x86_64", "manylinux_2_35_x86_64",
-             "manylinux1_x86_64", "manylinux_2_5_x86_64")
+             "manylinux1_x86_64", "manylinux_2_5_x86_64",
+             # NCCL's wheels (stack bundles) are manylinux_2_18, CUPTI's manylinux_2_25.
+             "manylinux_2_18_x86_64", "manylinux_2_25_x86_64")
 # 60 MiB: a part, this repository (under 1 MiB) and the wheels (in the last part) fit in 64 MiB.
 PART_BYTES = 60 * 2**20
 
@@ -93,10 +95,11 @@ def split(path: Path, out: Path, part_bytes: int = PART_BYTES) -> list[Path]:
     return parts
 
 
-def download(specs: tuple[str, ...], dest: Path) -> list[str]:
+def download(specs: tuple[str, ...], dest: Path, python: str = "3.12") -> list[str]:
+    """The wheels of specs (no dependencies) for the host's CPython and x86_64: the names of all wheels in dest."""
     dest.mkdir(parents=True, exist_ok=True)
     args = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-            "--python-version", "3.12", "--implementation", "cp", "-d", str(dest)]
+            "--python-version", python, "--implementation", "cp", "-d", str(dest)]
     for plat in PLATFORMS:
         args += ["--platform", plat]
     subprocess.run(args + list(specs), check=True)

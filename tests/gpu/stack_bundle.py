@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from stack_parts import sha256_file, write_manifest  # noqa: E402
 
-from bundle import PART_BYTES, PLATFORMS, PROJECT, fetch, kept, split  # noqa: E402
+from bundle import PART_BYTES, PROJECT, download, fetch, kept, split  # noqa: E402
 from vllm_patch.series import load_series  # noqa: E402
 
 # Never loaded by a run: static libraries, C headers of the nvidia wheels.
@@ -59,8 +59,6 @@ TRITON_DROPPED = ("triton/backends/nvidia/bin/ptxas-blackwell", "triton/backends
 # vLLM, besides bundle.DROPPED (FlashAttention 3, DeepGEMM): the Rust frontend binary (opt-in, serve only) and the
 # SM100 (Blackwell) attention sources compiled on first use there.
 VLLM_DROPPED = ("vllm/vllm-rs", "vllm/third_party/fmha_sm100/")
-# Besides bundle.PLATFORMS: NCCL's wheels are manylinux_2_18, CUPTI's manylinux_2_25.
-STACK_PLATFORMS = (*PLATFORMS, "manylinux_2_18_x86_64", "manylinux_2_25_x86_64")
 
 
 @dataclass(frozen=True)
@@ -160,15 +158,9 @@ def add_wheel(tar: tarfile.TarFile, wheel: Path, rules: tuple[str, ...], seen: s
     return {"wheel": wheel.name, "kept_bytes": kept_bytes, "dropped_bytes": dropped_bytes}
 
 
-def download(specs: tuple[str, ...], dest: Path, python: str = "3.12") -> list[Path]:
-    """The wheels of specs (no dependencies) for the host, cp312 manylinux x86_64: all the wheels in dest."""
-    dest.mkdir(parents=True, exist_ok=True)
-    args = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-            "--python-version", python, "--implementation", "cp", "-d", str(dest)]
-    for plat in STACK_PLATFORMS:
-        args += ["--platform", plat]
-    subprocess.run(args + list(specs), check=True)
-    return sorted(dest.glob("*.whl"))
+def _wheels(specs: tuple[str, ...], dest: Path, python: str) -> list[Path]:
+    """bundle.download's wheels as paths."""
+    return [dest / name for name in download(specs, dest, python)]
 
 
 def compress_slices(plain: Path, cuts: list[tuple[str, int, int]], archive: Path, level: int) -> dict[str, int]:
@@ -204,11 +196,11 @@ def build(line_name: str, out: Path, extras: tuple[str, ...], work: Path, level:
         dl = work / "wheels"
         nvidia = line.nvidia + tuple(line.optional[e] for e in extras)
         wheels = {
-            "torch": download((line.torch,), dl / "torch", line.python),
-            "triton": download((line.triton,), dl / "triton", line.python),
-            "nvidia": download(nvidia, dl / "nvidia", line.python),
+            "torch": _wheels((line.torch,), dl / "torch", line.python),
+            "triton": _wheels((line.triton,), dl / "triton", line.python),
+            "nvidia": _wheels(nvidia, dl / "nvidia", line.python),
             "vllm": [fetch(pin.wheel)],
-            "deps": download(line.deps, dl / "deps", line.python),
+            "deps": _wheels(line.deps, dl / "deps", line.python),
         }
     rules = {"torch": TORCH_DROPPED, "triton": TRITON_DROPPED, "vllm": VLLM_DROPPED}
     plain = work / "stack.tar"
