@@ -7,10 +7,12 @@ import dataclasses
 import json
 import subprocess
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from harness import report
+from harness import models, report
 from harness.runner import _env, child_env, engine_digest
 from harness.scenarios import BY_NAME, PROBES, SCENARIOS, prompts, select
 
@@ -274,3 +276,36 @@ def test_forced_decodes_run_on_the_v1_model_runner(tmp_path, monkeypatch):
     free = child_env(s.test, tmp_path, [], tmp_path, forced=False)
     assert forced["VLLM_USE_V2_MODEL_RUNNER"] == "0"
     assert "VLLM_USE_V2_MODEL_RUNNER" not in free
+
+
+def test_two_builds_of_one_model_at_once_share_one_complete_folder(tmp_path, monkeypatch):
+    """Two harness processes on one --work folder once wrote the same `<dest>.tmp`: the first rename
+    took it from under the second (safetensors: "No such file or directory"). Both saves here run
+    side by side and both renames come after both saves, the order that broke."""
+    spec = models.ModelSpec(name="tiny", arch="llama", seed=3, config=dict(
+        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=8, max_position_embeddings=64, tie_word_embeddings=False))
+    together = threading.Barrier(2)
+    instantiate = models.instantiate
+
+    def instantiate_in_step(spec, dtype=None):
+        model = instantiate(spec, dtype)
+        save = model.save_pretrained
+
+        def save_in_step(path, *args, **kwargs):
+            together.wait(timeout=60)
+            try:
+                return save(path, *args, **kwargs)
+            finally:
+                together.wait(timeout=60)
+
+        model.save_pretrained = save_in_step
+        return model
+
+    monkeypatch.setattr(models, "instantiate", instantiate_in_step)
+    with ThreadPoolExecutor(2) as pool:
+        dests = [f.result() for f in [pool.submit(models.build, spec, tmp_path) for _ in range(2)]]
+    assert dests[0] == dests[1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [dests[0].name]
+    assert (dests[0] / "config.json").exists() and list(dests[0].glob("*.safetensors"))
+    assert models.build(spec, tmp_path) == dests[0]  # the finished folder is found, not built again

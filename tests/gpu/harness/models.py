@@ -135,8 +135,17 @@ def instantiate(spec: ModelSpec, dtype=None):
 
 
 def build(spec: ModelSpec, root: Path) -> Path:
-    """Save the model under root/<name>-<digest> once; return its directory."""
+    """Save the model under root/<name>-<digest> once; return its directory.
+
+    Harness processes started together on one --work folder may build the same model at once, so
+    each writes into a temporary folder of its own (a shared `<dest>.tmp` let one process's rename
+    pull the folder from under another's save) and renames it into place; the loser of the rename
+    drops its copy and uses the winner's (the same weights: one seed).
+    """
     import hashlib
+    import os
+    import shutil
+    import tempfile
 
     import torch
 
@@ -144,16 +153,24 @@ def build(spec: ModelSpec, root: Path) -> Path:
     dest = root / f"{spec.name}-{digest}"
     if (dest / "config.json").exists():
         return dest
-    tmp = dest.with_name(dest.name + ".tmp")
-    if not spec.weights:
-        _config(spec).save_pretrained(tmp)
-        tmp.rename(dest)
-        return dest
-    model = instantiate(spec, torch.bfloat16)
-    model.save_pretrained(tmp)
-    if spec.mtp_layers:
-        _add_mtp(spec, model, tmp)
-    tmp.rename(dest)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=dest.name + "."))
+    try:
+        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; the model is shared like any other folder
+        if spec.weights:
+            model = instantiate(spec, torch.bfloat16)
+            model.save_pretrained(tmp)
+            if spec.mtp_layers:
+                _add_mtp(spec, model, tmp)
+        else:
+            _config(spec).save_pretrained(tmp)
+        try:
+            tmp.rename(dest)
+        except OSError:
+            if not (dest / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already when the rename won
     return dest
 
 
