@@ -9,6 +9,11 @@
 #   tests/gpu/stack.sh setup LINE        check every sha256, unpack into $VP_HOME/stack/LINE/prefix/site
 #   tests/gpu/stack.sh run LINE CMD...   CMD with the prefix first on PYTHONPATH and its nvidia libraries first
 #                                        on LD_LIBRARY_PATH (then the host's); prints torch/triton/CUDA first
+#   tests/gpu/stack.sh scenarios LINE ARGS...  the harness on the line's vLLM, unpatched and patched
+#                                        (VP_RUNNER=v1: engines under test on Model Runner V1, labels *-v1)
+#   tests/gpu/stack.sh tests LINE ARGS...      pytest (tests/lines/<line>) on both trees with the line's torch
+#                                        (VP_TESTS_TREE=unpatched: the tests against the release alone)
+#   tests/gpu/stack.sh bench LINE ARGS...      benchmarks/bench_spec_e2e.py on both trees (ARGS: --group ...)
 #   tests/gpu/stack.sh env LINE          the environment run uses, as export lines (for `eval`)
 #   tests/gpu/stack.sh clean-parts LINE  delete the staged parts (after setup; the prefix stays)
 #
@@ -83,37 +88,98 @@ run() {
     exec "$@"
 }
 
-# The scenarios on the line's vLLM, unpatched and patched: both trees are copies of the prefix's vllm/ (the
-# patched one with the line's series applied by vllm-patch, whose own wheels make gpu-stack-bundle leaves in
-# .gpu/tool-wheels), run with the prefix's torch. ARGS go to `python -m harness run` (e.g. --scenarios f-).
-scenarios() {
-    local line=${1:-} dir site trees deps version
-    shift || true
-    dir=$(line_dir "$line")
-    site=$dir/prefix/site trees=$dir/trees deps=$VP_HOME/tool-deps
-    [ -f "$dir/prefix/.complete" ] || die "no prefix for $line in $dir: run stack.sh setup $line first"
-    version=$(sed -n 's/^#: version = //p' "$ROOT/lines/$line/series")
-    [ -n "$version" ] || die "no line $line in $ROOT/lines"
+# The line's trees: copies of the prefix's vllm/, the patched one with the line's series applied by vllm-patch
+# (whose own wheels make gpu-stack-bundle leaves in .gpu/tool-wheels). Made once per series, so runs that use
+# them at the same time (scenarios, tests, bench) never remake them under each other.
+tool_deps() {
+    local deps=$VP_HOME/tool-deps
     if [ ! -f "$deps/.complete" ]; then
         ls "$ROOT"/.gpu/tool-wheels/*.whl >/dev/null 2>&1 || die "no .gpu/tool-wheels (make gpu-stack-bundle)"
         "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$deps" "$ROOT"/.gpu/tool-wheels/*.whl
         touch "$deps/.complete"
     fi
+    echo "$deps"
+}
+
+make_trees() {
+    local line=$1 dir
+    dir=$(line_dir "$line")
+    [ -f "$dir/prefix/.complete" ] || die "no prefix for $line in $dir: run stack.sh setup $line first"
+    [ -f "$ROOT/lines/$line/series" ] || die "no line $line in $ROOT/lines"
+    # One maker at a time: a second run started meanwhile waits, then finds the trees made.
+    (flock 9 && make_trees_locked "$line" "$dir") 9>"$dir/.trees.lock"
+}
+
+make_trees_locked() {
+    local line=$1 dir=$2 site=$2/prefix/site trees=$2/trees deps digest t
+    deps=$(tool_deps)
+    digest=$(cat "$ROOT/lines/$line/series" "$ROOT/lines/$line"/patches/*.patch | sha256sum | cut -c1-16)
+    [ "$(cat "$trees/.series" 2>/dev/null)" = "$digest" ] && return 0
+    rm -rf "$trees" && mkdir -p "$trees"
     for t in unpatched patched; do
-        rm -rf "${trees:?}/$t" && mkdir -p "$trees/$t"
+        mkdir -p "$trees/$t"
         cp -a "$site/vllm" "$site"/vllm-*.dist-info "$trees/$t/"
     done
-    (cd "$ROOT" && PYTHONPATH="$ROOT/tool:$deps" "$PY" -m vllm_patch --line "$line" apply --target "$trees/patched")
+    (cd "$ROOT" && PYTHONPATH="$ROOT/tool:$deps" "$PY" -m vllm_patch --line "$line" apply --target "$trees/patched") >&2
+    echo "$digest" >"$trees/.series"
+}
+
+# The harness on both trees with the prefix's torch. ARGS go to `python -m harness run` (e.g. --scenarios f-).
+scenarios() {
+    local line=${1:-} dir trees version suffix=""
+    shift || true
+    dir=$(line_dir "$line")
+    make_trees "$line"
+    trees=$dir/trees
+    version=$(sed -n 's/^#: version = //p' "$ROOT/lines/$line/series")
     eval "$(stack_env "$line")"
     # The release's sampler imports FlashInfer, which the stack does not carry, unless told not to.
     export VLLM_USE_FLASHINFER_SAMPLER=0
+    if [ "${VP_RUNNER:-v2}" = v1 ]; then
+        export VLLM_USE_V2_MODEL_RUNNER=0
+        suffix=-v1
+    fi
     cd "$ROOT/tests/gpu"
-    "$PY" -m harness run --tree "unpatched=$trees/unpatched" --tree "patched=$trees/patched" --work "$dir/work" \
-        --out "${VP_REPORT:-$ROOT/tests/gpu/reports}" --title "vLLM $version" "$@"
+    "$PY" -m harness run --tree "unpatched$suffix=$trees/unpatched" --tree "patched$suffix=$trees/patched" \
+        --work "$dir/work" --out "${VP_REPORT:-$ROOT/tests/gpu/reports}" --title "vLLM $version" "$@"
+}
+
+# The line's tests (tests/lines/v0_33 for v0.33) with its torch and triton, on the GPU: the release's files from
+# the unpatched tree, the line's from the patched one (VP_TESTS_TREE=unpatched: from the release too, to show
+# which tests the line makes pass).
+line_tests() {
+    local line=${1:-} dir key folder deps
+    shift || true
+    dir=$(line_dir "$line")
+    make_trees "$line"
+    deps=$(tool_deps)
+    key=V$(echo "${line#v}" | tr -d .)
+    folder=$ROOT/tests/lines/$(echo "$line" | tr . _)
+    [ -d "$folder" ] || die "no tests for $line in $folder"
+    eval "$(stack_env "$line")"
+    cd "$ROOT"
+    env "VLLM_PATCH_${key}_PRISTINE_TREE=$dir/trees/unpatched" "VLLM_PATCH_${key}_TREE=$dir/trees/${VP_TESTS_TREE:-patched}" \
+        GIT_PYTHON_REFRESH=quiet PYTHONPATH="$ROOT/tool:$PYTHONPATH:$deps" \
+        "$PY" -m pytest -q -p no:cacheprovider "$folder" "$@"
+}
+
+# benchmarks/bench_spec_e2e.py on both trees; its output also goes to $VP_REPORT/bench-spec-e2e-LINE-ARGS.txt.
+bench() {
+    local line=${1:-} dir tag report=${VP_REPORT:-$ROOT/tests/gpu/reports}
+    shift || true
+    dir=$(line_dir "$line")
+    make_trees "$line"
+    tag=$(echo "$line $*" | tr -c 'A-Za-z0-9.\n' - | tr -s - | sed 's/-$//')
+    eval "$(stack_env "$line")"
+    export VLLM_USE_FLASHINFER_SAMPLER=0
+    mkdir -p "$report"
+    cd "$ROOT"
+    "$PY" benchmarks/bench_spec_e2e.py --tree "unpatched=$dir/trees/unpatched" --tree "patched=$dir/trees/patched" \
+        --work "$dir/work" "$@" | tee "$report/bench-spec-e2e-$tag.txt"
 }
 
 cmd=${1:-}
-[ -n "$cmd" ] || die "usage: stack.sh stage|check|setup|run|scenarios|env|clean-parts ..."
+[ -n "$cmd" ] || die "usage: stack.sh stage|check|setup|run|scenarios|tests|bench|env|clean-parts ..."
 shift
 case $cmd in
     stage) stage "$@" ;;
@@ -121,6 +187,8 @@ case $cmd in
     setup) dir=$(line_dir "${1:-}"); "$PY" "$PARTS_PY" setup "$dir/parts" "$dir/prefix" ;;
     run) run "$@" ;;
     scenarios) scenarios "$@" ;;
+    tests) line_tests "$@" ;;
+    bench) bench "$@" ;;
     env) stack_env "${1:-}" ;;
     clean-parts) dir=$(line_dir "${1:-}"); rm -rf "$dir/parts" ;;
     *) die "unknown command $cmd" ;;
