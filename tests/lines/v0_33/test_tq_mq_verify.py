@@ -1,5 +1,5 @@
 """TurboQuant uniform decode and spec-verify batches through the multi-query kernel (the line's patch 0003),
-on CPU (Triton interpreted) against vLLM 0.33.0's own files.
+on CPU (Triton interpreted) or a GPU (compiled; the kernel tests run there) against vLLM 0.33.0's own files.
 
 The tree under test is ``v033_tree`` (see conftest.py); on the tree without patch 0003 every test here fails.
 
@@ -36,12 +36,18 @@ D = 128
 # Float16 outputs; the kernel rounds softmax weight x value scale to float16 (tests/kernels/
 # test_turboquant_mq_verify.py explains the bound).
 TOL = dict(atol=3e-3, rtol=1e-2)
+# The kernels run where the cache lies: compiled on a GPU, interpreted on CPU.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 LSE_TOL = dict(atol=2e-3, rtol=1e-4)
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning",
     # The release decode route divides 0 by 0 on rows without a visible token (NaN, not compared).
     "ignore:invalid value encountered:RuntimeWarning", "ignore:divide by zero encountered:RuntimeWarning")
+
+
+def _query(rows: int, heads: int, seed: int) -> torch.Tensor:
+    return torch.randn(rows, heads, D, generator=torch.Generator().manual_seed(seed)).half().to(DEVICE)
 
 
 @pytest.fixture(scope="module")
@@ -62,10 +68,10 @@ def _v033_cache(cache) -> torch.Tensor:
 def _mq(ops, query, cache, kv_cache, k1, n_out=None, **kw):
     """The kernel into NaN-poisoned, oversized buffers; returns (output, lse)."""
     n, hq, d = query.shape
-    out = torch.full((n_out or n, hq, d), float("nan"), dtype=query.dtype)
-    lse = torch.full((n, hq), float("nan"))
-    mid_o = torch.full((n + 2, hq + 1, 5, d + 1), float("nan"))
-    q_rot = torch.full((n + 2, hq + 1, d), float("nan"))
+    out = torch.full((n_out or n, hq, d), float("nan"), dtype=query.dtype, device=query.device)
+    lse = torch.full((n, hq), float("nan"), device=query.device)
+    mid_o = torch.full((n + 2, hq + 1, 5, d + 1), float("nan"), device=query.device)
+    q_rot = torch.full((n + 2, hq + 1, d), float("nan"), device=query.device)
     lay = cache.layout
     got = ops.triton_turboquant_mq_verify_attention(
         query, kv_cache, cache.block_table, cache.seq_lens, k1, cache.centroids, 1 / math.sqrt(d), lay.mse_bits,
@@ -78,14 +84,15 @@ def _mq(ops, query, cache, kv_cache, k1, n_out=None, **kw):
 def _release_decode(ops, query, cache, kv_cache, k1):
     """The release's decode kernel on B*K1 rows, row (r, i) over the first L_r-K1+1+i tokens."""
     b = query.shape[0] // k1
-    lens = (cache.seq_lens[:b, None] + torch.arange(1 - k1, 1, dtype=torch.int32)).clamp_min(0).reshape(-1)
+    offs = torch.arange(1 - k1, 1, dtype=torch.int32, device=query.device)
+    lens = (cache.seq_lens[:b, None] + offs).clamp_min(0).reshape(-1)
     table = cache.block_table[:b].repeat_interleave(k1, dim=0)
     return ops.triton_turboquant_decode_attention(query, kv_cache, table, lens, scale=1 / math.sqrt(D),
                                                   **cache.decode_kwargs, max_num_kv_splits=4)
 
 
 def _check(out, want, rows_len, routed=None, lse=None, want_lse=None):
-    live = torch.tensor(rows_len) > 0
+    live = torch.tensor(rows_len, device=out.device) > 0
     torch.testing.assert_close(out[live].float(), want[live], **TOL)
     if routed is not None:
         torch.testing.assert_close(out[live].float(), routed[live].float(), **TOL)
@@ -107,10 +114,10 @@ def test_kernel_on_v033_layout_matches_reference_and_release_decode(mq_ops, deco
     bs, hk = 16, 2
     # Shorter than K1 (2 when K1 = 4), one past K1, exactly one block, past two blocks, a padding request (0).
     lens = [2, k1 + 1, bs, 2 * bs + 3, 0]
-    cache = build_tq_cache(preset, lens, hk, D, bs, seed=100 * group + k1)
+    cache = build_tq_cache(preset, lens, hk, D, bs, DEVICE, seed=100 * group + k1)
     kv = _v033_cache(cache)
     assert kv.stride(2) > kv.stride(1), "the kernel must see the head-major storage through strides"
-    query = torch.randn(len(lens) * k1, hk * group, D, generator=torch.Generator().manual_seed(k1)).half()
+    query = _query(len(lens) * k1, hk * group, k1)
     # Two KV splits of 16-token tiles: a few dozen tokens cross tiles, pages and splits.
     out, lse = _mq(mq_ops, query, cache, kv, k1, num_kv_splits=2, block_n=16, min_split_len=16)
     want, want_lse = tq_verify_ref(query, cache.keys, cache.values, lens, k1, 1 / math.sqrt(D))
@@ -123,16 +130,16 @@ def test_kernel_graph_shapes_one_split_and_capture_lengths(mq_ops):
     build_for_cudagraph_capture) and padding requests: rows that see nothing are 0, the rest as the reference."""
     k1, group, bs, hk = 4, 6, 16, 2
     lens = [k1 + 3, 21, 0, 0]
-    cache = build_tq_cache("4bit_nc", lens, hk, D, bs, seed=7)
+    cache = build_tq_cache("4bit_nc", lens, hk, D, bs, DEVICE, seed=7)
     kv = _v033_cache(cache)
-    query = torch.randn(len(lens) * k1, hk * group, D, generator=torch.Generator().manual_seed(3)).half()
+    query = _query(len(lens) * k1, hk * group, 3)
     out, _ = _mq(mq_ops, query, cache, kv, k1)
     want, _ = tq_verify_ref(query, cache.keys, cache.values, lens, k1, 1 / math.sqrt(D))
     _check(out, want, tq_verify_rows(lens, k1)[0])
 
     # Capture: every row but the last of a request sees nothing; the last sees the request's first token
     # (the padding requests' block-table rows are 0, a block that exists).
-    ones = torch.ones(len(lens), dtype=torch.int32)
+    ones = torch.ones(len(lens), dtype=torch.int32, device=DEVICE)
     capture = type(cache)(**{**cache.__dict__, "seq_lens": ones})
     out, _ = _mq(mq_ops, query, capture, kv, k1)
     real = 2 * k1
@@ -164,14 +171,15 @@ def _spec(head_size: int, block_size: int = 4):
     return SimpleNamespace(num_kv_heads=HK, head_size=head_size, block_size=block_size)
 
 
-def _common(tq, q_lens, seq_lens, block_table):
+def _common(tq, q_lens, seq_lens, block_table, device="cpu"):
+    """As the runner builds it: device tensors, and the CPU copies of query_start_loc and upper-bound lengths."""
     qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
     n = int(qsl[-1])
     seq = torch.tensor(seq_lens, dtype=torch.int32)
     return tq.CommonAttentionMetadata(
-        query_start_loc=qsl.clone(), query_start_loc_cpu=qsl, seq_lens=seq, num_reqs=len(q_lens),
+        query_start_loc=qsl.to(device), query_start_loc_cpu=qsl, seq_lens=seq.to(device), num_reqs=len(q_lens),
         num_actual_tokens=n, max_query_len=max(q_lens), max_seq_len=max(seq_lens), block_table_tensor=block_table,
-        slot_mapping=torch.zeros(n, dtype=torch.int64), seq_lens_cpu_upper_bound=seq.clone())
+        slot_mapping=torch.zeros(n, dtype=torch.int64, device=device), seq_lens_cpu_upper_bound=seq.clone())
 
 
 @pytest.fixture(scope="module")
@@ -327,13 +335,13 @@ def test_forward_runs_padded_uniform_batch_through_the_kernel(v033_tree, mq_ops,
     tq, _, rec = tq_harness.load(v033_tree, mq=mq_ops)
     k1, group, bs = 1 + (num_spec or 0), 2, 16
     lens = [k1 + 5, 2 * bs, 0]  # the last request pads the batch (q_len 0, seq_len 0)
-    cache = build_tq_cache(preset, lens, HK, D, bs, seed=17)
+    cache = build_tq_cache(preset, lens, HK, D, bs, DEVICE, seed=17)
     hq = HK * group
     q_lens = [k1, k1, 0]
     n = 2 * k1
-    query = torch.randn(n, hq, D, generator=torch.Generator().manual_seed(5)).half()
-    builder = tq.TurboQuantMetadataBuilder(_spec(D, bs), ["l"], _config(num_spec), "cpu")
-    meta = builder.build(0, _common(tq, q_lens, lens, cache.block_table))
+    query = _query(n, hq, 5)
+    builder = tq.TurboQuantMetadataBuilder(_spec(D, bs), ["l"], _config(num_spec), DEVICE)
+    meta = builder.build(0, _common(tq, q_lens, lens, cache.block_table, DEVICE))
     assert (meta.num_decodes, meta.decode_query_len) == (3, k1)
 
     lay = cache.layout
@@ -344,7 +352,7 @@ def test_forward_runs_padded_uniform_batch_through_the_kernel(v033_tree, mq_ops,
                                      norm_correction=lay.norm_correction)
     layer = SimpleNamespace(_tq_cached=True, _tq_Pi=cache.pi, _tq_PiT=cache.pi, _tq_centroids=cache.centroids)
     storage = cache.kv_cache.permute(0, 2, 1, 3).contiguous()  # 0.33's (blocks, Hk, block_size, slot)
-    out = torch.full((n, hq * D), float("nan"), dtype=torch.float16)
+    out = torch.full((n, hq * D), float("nan"), dtype=torch.float16, device=DEVICE)
     rec.seq_lens.clear()
     got = impl.forward(layer, query, query[:, :HK], query[:, :HK], storage, meta, output=out)
     assert got is out and not rec.seq_lens, "the uniform batch must not reach the decode kernel or the loop"
