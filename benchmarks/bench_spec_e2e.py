@@ -11,11 +11,13 @@ Two comparisons (`--group`):
   TurboQuant k8v4, ngram K=3 and MTP K=3 (a random MTP layer: drafts are rarely accepted, so this
   times the verify path). Unpatched 0.20.0 refuses TurboQuant on hybrids, so the patched engine is
   compared with the settings a user could fall back to: PIECEWISE (the baseline) and no graphs.
+  Releases from 0.21 take TurboQuant on hybrids: `--with-release` adds the release in PIECEWISE, the
+  workaround there (its FULL_AND_PIECEWISE emits wrong tokens), as the baseline.
 
 - `verify`: the kernels of a verify batch over long contexts (`--context`, 8192 and 32768 in the
   report), the 1.1 B Llama with ngram K=3: patched FULL_AND_PIECEWISE with the multi-query kernel of
   patch 0007 (`VLLM_TURBOQUANT_ATTENTION_KERNEL=multi_query`) and with the routed decode kernel
-  (`decode`, the default), against unpatched PIECEWISE (the baseline: the release's per-request
+  (`decode`, patch 0002's route), against unpatched PIECEWISE (the baseline: the release's per-request
   path, what users run). The KV cache is sized to hold every prompt of the largest batch, so
   prefix caching leaves each run to decode.
 
@@ -111,8 +113,11 @@ def verify_configurations(context: int) -> tuple[list[tuple[str, str, Engine]], 
     ], "unpatched PIECEWISE"
 
 
-def configurations(group: str, context: int = 512) -> tuple[list[tuple[str, str, Engine]], str]:
-    """(label, tree, engine) of a group, and the label of its baseline."""
+def configurations(group: str, context: int = 512,
+                   with_release: bool = False) -> tuple[list[tuple[str, str, Engine]], str]:
+    """(label, tree, engine) of a group, and the label of its baseline. ``with_release`` adds the hybrid's
+    workaround on releases that take TurboQuant on hybrids (0.21 on): the release in PIECEWISE, which
+    becomes the baseline (the release in FULL_AND_PIECEWISE emits wrong tokens, so it is no baseline)."""
     if group == "verify":
         return verify_configurations(context)
     model = LLAMA_1B if group == "llama" else HYBRID_1B
@@ -140,7 +145,9 @@ def configurations(group: str, context: int = 512) -> tuple[list[tuple[str, str,
             (f"{name} patched PIECEWISE", "patched", engine(spec, **graphs["PIECEWISE"])),
             (f"{name} patched no graphs", "patched", engine(spec, **graphs["NONE"])),
         ]
-    return rows, "ngram patched PIECEWISE"
+        if with_release:
+            rows.append((f"{name} release PIECEWISE", "unpatched", engine(spec, **graphs["PIECEWISE"])))
+    return rows, "ngram release PIECEWISE" if with_release else "ngram patched PIECEWISE"
 
 
 def main() -> int:
@@ -156,14 +163,18 @@ def main() -> int:
     parser.add_argument("--only", default="", help="configurations whose label starts with one of these "
                                                    "comma-separated words (e.g. ngram); the baseline becomes "
                                                    "their PIECEWISE one if the group's is left out")
+    parser.add_argument("--with-release", action="store_true",
+                        help="hybrid group: add the release in PIECEWISE (the workaround on 0.21 and later, "
+                             "which take TurboQuant on hybrids) as the baseline")
     args = parser.parse_args()
     trees = {label: Path(path) for label, _, path in (t.partition("=") for t in args.tree)}
-    rows, baseline = configurations(args.group, args.context)
+    rows, baseline = configurations(args.group, args.context, args.with_release)
     if args.only:
         words = tuple(w.strip() for w in args.only.split(","))
         rows = [r for r in rows if r[0].startswith(words)]
         if baseline not in {label for label, _, _ in rows}:
-            baseline = next(label for label, _, _ in rows if label.endswith(" PIECEWISE") and "FULL" not in label)
+            piecewise = [label for label, _, _ in rows if label.endswith(" PIECEWISE") and "FULL" not in label]
+            baseline = next((label for label in piecewise if "release" in label), piecewise[0])
     missing = {tree for _, tree, _ in rows} - set(trees)
     if missing:
         raise SystemExit(f"--tree needed for: {', '.join(sorted(missing))}")
