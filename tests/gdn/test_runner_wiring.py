@@ -22,7 +22,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-RUNNER = "vllm/v1/worker/gpu_model_runner.py"
+import verify_dispatch
+from verify_dispatch import RUNNER, function, replays_verify_graph
+
 METHODS = ["ngram", "mtp", "eagle", "eagle3", "draft_model", "suffix"]
 
 
@@ -38,22 +40,14 @@ class OtherBuilder:
     pass
 
 
-def _function(tree: ast.AST, name: str) -> ast.FunctionDef:
-    for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef) and node.name == name:
-            return node
-    raise LookupError(f"no function {name}")
-
-
 @pytest.fixture(scope="module")
 def runner_source(patched_tree: Path) -> ast.Module:
-    path = patched_tree / RUNNER
-    return ast.parse(path.read_text(), str(path))
+    return verify_dispatch.runner_source(patched_tree)
 
 
 @pytest.fixture(scope="module")
 def recover_expr(runner_source):
-    outer = _function(runner_source, "_build_attention_metadata")
+    outer = function(runner_source, "_build_attention_metadata")
     for node in outer.body:
         if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [
                 "recover_accepted_state"]:
@@ -64,7 +58,7 @@ def recover_expr(runner_source):
 @pytest.fixture(scope="module")
 def wiring(runner_source):
     """The statements from ``extra_attn_metadata_args = {}`` to the end of the ``if``/``elif`` after it."""
-    inner = _function(runner_source, "_build_attn_group_metadata")
+    inner = function(runner_source, "_build_attn_group_metadata")
     body = inner.body
     start = next(i for i, node in enumerate(body) if isinstance(node, ast.Assign)
                  and [getattr(t, "id", None) for t in node.targets] == ["extra_attn_metadata_args"])
@@ -149,7 +143,7 @@ def _else_branch_with(fn: ast.FunctionDef, name: str) -> list[ast.stmt]:
 def draft_marks(runner_source):
     """``_prepare_inputs``'s statements that compute ``num_decode_draft_tokens`` on a spec step: from
     ``num_draft_tokens = ...`` to the call of ``_calc_spec_decode_metadata``, run as they stand."""
-    body = _else_branch_with(_function(runner_source, "_prepare_inputs"), "num_decode_draft_tokens")
+    body = _else_branch_with(function(runner_source, "_prepare_inputs"), "num_decode_draft_tokens")
     end = next(i for i, node in enumerate(body) if isinstance(node, ast.Assign)
                and [getattr(t, "id", None) for t in node.targets] == ["spec_decode_metadata"])
     return compile(ast.Module(body=body[:end], type_ignores=[]), RUNNER, "exec")
@@ -195,67 +189,24 @@ def test_draft_rows_need_drafts_plus_one_scheduled_tokens(draft_marks):
 
 @pytest.fixture(scope="module")
 def uniform_dispatch(runner_source):
-    """``execute_model``'s statements from ``force_uniform_decode = None`` to the ``if`` that may set it,
-    and the runner's ``_is_uniform_decode`` and ``_only_verify_rows``, run with stand-ins."""
-    body = None
-    for node in ast.walk(_function(runner_source, "execute_model")):
-        for field in ("body", "orelse"):
-            stmts = getattr(node, field, None)
-            if body is None and isinstance(stmts, list) and any(
-                    isinstance(s, ast.Assign) and [getattr(t, "id", None) for t in s.targets]
-                    == ["force_uniform_decode"] for s in stmts):
-                body = stmts  # the outermost: ast.walk goes breadth first
-    if body is None:
-        raise LookupError("execute_model sets no force_uniform_decode")
-    start = next(i for i, s in enumerate(body) if isinstance(s, ast.Assign)
-                 and [getattr(t, "id", None) for t in s.targets] == ["force_uniform_decode"])
-    block = compile(ast.Module(body=body[start:start + 2], type_ignores=[]), RUNNER, "exec")
-    helpers = {}
-    for name in ("_is_uniform_decode", "_only_verify_rows"):
-        fn = _function(runner_source, name)
-        fn.decorator_list = []
-        exec(compile(ast.Module(body=[fn], type_ignores=[]), RUNNER, "exec"), {}, helpers)
-    calls = [c for c in ast.walk(_function(runner_source, "execute_model")) if isinstance(c, ast.Call)
-             and getattr(c.func, "attr", None) == "_determine_batch_execution_and_padding"]
-    assert any(k.arg == "force_uniform_decode" and getattr(k.value, "id", None) == "force_uniform_decode"
-               for c in calls for k in c.keywords), "the dispatch does not get force_uniform_decode"
-    return block, helpers
-
-
-def _replays_verify_graph(uniform_dispatch, scheduled: list[int], drafts: dict[int, int], k: int = 3) -> bool:
-    block, helpers = uniform_dispatch
-    req_ids = [f"r{i}" for i in range(len(scheduled))]
-    runner = SimpleNamespace(num_spec_tokens=k, uniform_decode_query_len=1 + k,
-                             _only_verify_rows=helpers["_only_verify_rows"])
-    scheduler_output = SimpleNamespace(scheduled_spec_decode_tokens={f"r{i}": [7] * n for i, n in drafts.items()})
-    scope = dict(self=runner, req_ids=req_ids, scheduler_output=scheduler_output,
-                 max_num_scheduled_tokens=max(scheduled), num_reqs=len(scheduled))
-    exec(block, {}, scope)
-    return helpers["_is_uniform_decode"](max(scheduled), 1 + k, sum(scheduled), len(scheduled),
-                                         scope["force_uniform_decode"])
+    return verify_dispatch.uniform_dispatch(runner_source)
 
 
 def test_verify_batches_replay_the_uniform_decode_graph(uniform_dispatch):
     """Every request verifying K drafts: the FULL graph of uniform decode batches (as the release does)."""
-    assert _replays_verify_graph(uniform_dispatch, [4] * 8, {i: 3 for i in range(8)})
-    assert _replays_verify_graph(uniform_dispatch, [9, 9], {0: 8, 1: 8}, k=8)
+    assert replays_verify_graph(uniform_dispatch, [4] * 8, {i: 3 for i in range(8)})
+    assert replays_verify_graph(uniform_dispatch, [9, 9], {0: 8, 1: 8}, k=8)
 
 
 def test_a_prompt_chunk_of_the_verify_shape_is_a_mixed_batch(uniform_dispatch):
     """Seven verify rows and a prompt chunk of 1 + K tokens (a short prompt, a chunked prompt's tail, a
     recomputation after preemption): the shape of a verify batch, dispatched as a mixed batch."""
-    assert not _replays_verify_graph(uniform_dispatch, [4] * 8, {i: 3 for i in range(7)})
-    assert not _replays_verify_graph(uniform_dispatch, [4], {})
-    assert not _replays_verify_graph(uniform_dispatch, [4, 4], {0: 3, 1: 2})
+    assert not replays_verify_graph(uniform_dispatch, [4] * 8, {i: 3 for i in range(7)})
+    assert not replays_verify_graph(uniform_dispatch, [4], {})
+    assert not replays_verify_graph(uniform_dispatch, [4, 4], {0: 3, 1: 2})
 
 
 def test_batches_of_other_shapes_are_left_to_the_release(uniform_dispatch):
     """A batch whose rows differ in length is not uniform either way; without drafts nothing changes."""
-    assert not _replays_verify_graph(uniform_dispatch, [4, 2], {0: 3, 1: 1})
-    block, helpers = uniform_dispatch
-    scope = dict(self=SimpleNamespace(num_spec_tokens=0, uniform_decode_query_len=1,
-                                      _only_verify_rows=helpers["_only_verify_rows"]),
-                 req_ids=["r0"], scheduler_output=SimpleNamespace(scheduled_spec_decode_tokens={}),
-                 max_num_scheduled_tokens=1, num_reqs=1)
-    exec(block, {}, scope)
-    assert scope["force_uniform_decode"] is None
+    assert not replays_verify_graph(uniform_dispatch, [4, 2], {0: 3, 1: 1})
+    assert verify_dispatch.forced_without_spec(uniform_dispatch) is None
