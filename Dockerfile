@@ -20,6 +20,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 COPY pyproject.toml README.md series /opt/vllm-patch/src/
 COPY tool /opt/vllm-patch/src/tool
 COPY patches /opt/vllm-patch/src/patches
+COPY lines /opt/vllm-patch/src/lines
 RUN python3 -m pip freeze --all > /opt/vllm-patch/freeze-before.txt \
     && python3 -m venv /opt/vllm-patch/venv \
     && /opt/vllm-patch/venv/bin/pip install --no-cache-dir /opt/vllm-patch/src \
