@@ -51,17 +51,17 @@ test: setup lint ## lint, then every test (the real vLLM sdist and wheel are dow
 bench: setup ## benchmark check/apply/revert on the real vLLM tree
 	$(BIN)/python benchmarks/bench_core.py
 
-gpu-bundle: setup ## make the offline bundle for a GPU host in .gpu/ (slimmed pinned wheel + the wheels it needs)
-	$(BIN)/python tests/gpu/bundle.py --out .gpu
+gpu-bundle: setup ## make the offline bundle for a GPU host in .gpu/ (line v0.20: slimmed pinned wheel + the wheels it needs)
+	$(BIN)/python tests/gpu/bundle.py --line v0.20 --out .gpu
 
-gpu-kernel-pack: setup ## make the small pack for kernel-level GPU runs in .gpu/kt (pinned sources + patched, no wheel)
-	$(BIN)/python tests/gpu/kernel_pack.py --out .gpu/kt
+gpu-kernel-pack: setup ## make the small pack for kernel-level GPU runs in .gpu/kt (line v0.20's sources + patched, no wheel)
+	$(BIN)/python tests/gpu/kernel_pack.py --line v0.20 --out .gpu/kt
 
-gpu-stack-bundle: setup ## a release line's own torch/triton/NCCL/vLLM for a GPU host, in .gpu/LINE/pNN (LINE=v0.33 default)
-	$(BIN)/python tests/gpu/stack_bundle.py --line $(or $(LINE),v0.33) $(STACK_ARGS)
+gpu-stack-bundle: setup ## a release line's own torch/triton/NCCL/vLLM for a GPU host, in .gpu/vX.Y/pNN (LINE=current default)
+	$(BIN)/python tests/gpu/stack_bundle.py --line $(or $(LINE),current) $(STACK_ARGS)
 	$(BIN)/pip wheel -q --disable-pip-version-check . -w .gpu/tool-wheels
 
-gpu-test: ## on a GPU host: assemble .gpu/, run kernel tests and scenarios on both trees, report to tests/gpu/reports
+gpu-test: ## on a GPU host: assemble .gpu/ (line v0.20), kernel tests and scenarios on both trees, report to tests/gpu/reports
 	tests/gpu/host.sh stage .gpu/p*
 	tests/gpu/host.sh all
 
