@@ -4,6 +4,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 LINE ?=
 SERIES_ARGS ?= $(if $(LINE),--line $(LINE))
+# The chosen line's series directory (LINE empty or `current`: the top-level one) and its pinned release.
+LINE_DIR := $(if $(filter-out current,$(LINE)),lines/$(LINE),.)
+PIN_VERSION := $(shell sed -n 's/^\#: version = //p' $(LINE_DIR)/series 2>/dev/null)
 
 .PHONY: help setup check wheel image image-wheel image-base test unit lint bench gpu-bundle gpu-kernel-pack gpu-stack-bundle gpu-test clean
 
@@ -24,16 +27,16 @@ check: setup ## check the series on the pinned vLLM release (downloads and cache
 wheel: setup ## build the patched wheel into dist/ from the pinned upstream wheel (downloaded, cached)
 	$(BIN)/vllm-patch $(SERIES_ARGS) build-wheel --out dist
 
-IMAGE ?= vllm-patch:0.20.0
-VLLM_IMAGE ?= vllm/vllm-openai:v0.20.0
-image: ## build the container image: VLLM_IMAGE (default the pinned vllm/vllm-openai) with the series applied
+IMAGE ?= vllm-patch:$(PIN_VERSION)
+VLLM_IMAGE ?= vllm/vllm-openai:v$(PIN_VERSION)
+image: ## build the container image: VLLM_IMAGE (default the line's pinned vllm/vllm-openai) with the series applied
 	@LINE=$(LINE) scripts/build-image patched $(IMAGE) $(VLLM_IMAGE)
 
 image-wheel: wheel ## build the container image from the patched wheel in dist/
 	@LINE=$(LINE) scripts/build-image from-wheel $(IMAGE) $(VLLM_IMAGE)
 
 image-base: wheel ## a local stand-in for vllm/vllm-openai (Debian + the real wheel), for hosts without a registry
-	@scripts/image-base "$$($(BIN)/python -c 'from pathlib import Path; from vllm_patch.series import load_series; from vllm_patch.infrastructure.downloads import fetch; print(fetch(load_series(Path(".")).pin.wheel, quiet=True))')" localhost/vllm-base:0.20.0
+	@scripts/image-base "$$($(BIN)/python -c 'from pathlib import Path; from vllm_patch.series import load_series; from vllm_patch.infrastructure.downloads import fetch; print(fetch(load_series(Path("$(LINE_DIR)")).pin.wheel, quiet=True))')" localhost/vllm-base:$(PIN_VERSION)
 
 lint: setup ## ruff and hadolint
 	$(BIN)/ruff check tool tests benchmarks
@@ -48,17 +51,17 @@ test: setup lint ## lint, then every test (the real vLLM sdist and wheel are dow
 bench: setup ## benchmark check/apply/revert on the real vLLM tree
 	$(BIN)/python benchmarks/bench_core.py
 
-gpu-bundle: setup ## make the offline bundle for a GPU host in .gpu/ (slimmed pinned wheel + the wheels it needs)
-	$(BIN)/python tests/gpu/bundle.py --out .gpu
+gpu-bundle: setup ## make the offline bundle for a GPU host in .gpu/ (line v0.20: slimmed pinned wheel + the wheels it needs)
+	$(BIN)/python tests/gpu/bundle.py --line v0.20 --out .gpu
 
-gpu-kernel-pack: setup ## make the small pack for kernel-level GPU runs in .gpu/kt (pinned sources + patched, no wheel)
-	$(BIN)/python tests/gpu/kernel_pack.py --out .gpu/kt
+gpu-kernel-pack: setup ## make the small pack for kernel-level GPU runs in .gpu/kt (line v0.20's sources + patched, no wheel)
+	$(BIN)/python tests/gpu/kernel_pack.py --line v0.20 --out .gpu/kt
 
-gpu-stack-bundle: setup ## a release line's own torch/triton/NCCL/vLLM for a GPU host, in .gpu/LINE/pNN (LINE=v0.33 default)
-	$(BIN)/python tests/gpu/stack_bundle.py --line $(or $(LINE),v0.33) $(STACK_ARGS)
+gpu-stack-bundle: setup ## a release line's own torch/triton/NCCL/vLLM for a GPU host, in .gpu/vX.Y/pNN (LINE=current default)
+	$(BIN)/python tests/gpu/stack_bundle.py --line $(or $(LINE),current) $(STACK_ARGS)
 	$(BIN)/pip wheel -q --disable-pip-version-check . -w .gpu/tool-wheels
 
-gpu-test: ## on a GPU host: assemble .gpu/, run kernel tests and scenarios on both trees, report to tests/gpu/reports
+gpu-test: ## on a GPU host: assemble .gpu/ (line v0.20), kernel tests and scenarios on both trees, report to tests/gpu/reports
 	tests/gpu/host.sh stage .gpu/p*
 	tests/gpu/host.sh all
 

@@ -1,4 +1,5 @@
-"""Benchmark: `vllm-patch outlook` of the project's series over every release after its pin.
+"""Benchmark: `vllm-patch outlook` of one of the project's release lines over every release after its pin
+(default line v0.20, pinned to 0.20.0: the releases 0.20.1 to 0.33.0).
 
 Prints figures, asserts nothing. A first, untimed run makes sure every release's PyPI
 sdist is downloaded and imported into the cache repository (that can take minutes
@@ -7,7 +8,7 @@ sdists cached: list the releases on the index, detect renames, carry each patch
 stacked and alone, check merged results. Each timed run starts a fresh process, so no
 in-process cache carries over.
 
-    python benchmarks/bench_outlook.py [--to 0.33.0] [--repeat 5] [--series DIR]
+    python benchmarks/bench_outlook.py [--to 0.33.0] [--repeat 5] [--series DIR] [--line NAME]
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ def main() -> None:
     parser.add_argument("--to", default="0.33.0", help="the newest release to look at (default 0.33.0)")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--series", type=Path, default=HERE.parent, help="the series directory (default: the project)")
+    parser.add_argument("--line", default="v0.20", help="the release line (default v0.20; 'current': the top level)")
     args = parser.parse_args()
-    common = ["--series", str(args.series)]
+    common = ["--series", str(args.series), "--line", args.line]
     first, data = _timed(common, args.to)
     releases = [r["version"] for r in data["releases"]]
     newer = [v for v in releases if v != data["pin"]["version"]]

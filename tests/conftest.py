@@ -60,11 +60,11 @@ def two_patch_series(tmp_path: Path, base_files) -> Path:
 
 @pytest.fixture(scope="session")
 def pristine_tree() -> Path:
-    """The pinned release's tree (see vllm_trees)."""
+    """The pinned release of line v0.20 (0.20.0), as a tree (see vllm_trees)."""
     return pristine()
 
 
 @pytest.fixture(scope="session")
 def patched_tree(pristine_tree: Path, tmp_path_factory) -> Path:
-    """$VLLM_PATCH_PATCHED_TREE, else a session copy of the pristine tree with the whole series applied."""
+    """$VLLM_PATCH_PATCHED_TREE, else a session copy of the pristine tree with line v0.20's whole series applied."""
     return tree_from_env("VLLM_PATCH_PATCHED_TREE") or patched_copy(pristine_tree, tmp_path_factory.mktemp("patched"))

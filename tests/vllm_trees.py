@@ -1,4 +1,5 @@
-"""The vLLM source trees the patch tests run on: the pinned release and copies of it with the series applied.
+"""The vLLM source trees the patch tests run on: the release line v0.20's pinned release (0.20.0) and copies of it
+with that line's series applied. (The current line's tests, against 0.33.0, are in tests/lines/v0_33.)
 
 ``$VLLM_PATCH_PRISTINE_TREE`` and ``$VLLM_PATCH_PATCHED_TREE`` name unpacked trees to use instead (a GPU host
 passes the wheel's trees). Pointing the patched one at the pristine tree shows which tests the series makes
@@ -15,11 +16,19 @@ from pathlib import Path
 import pytest
 
 from vllm_patch.infrastructure.downloads import pinned_base_tree
+from vllm_patch.lines import line_named
 from vllm_patch.operations import apply
-from vllm_patch.series import load_series
+from vllm_patch.series import Series
 from vllm_patch.targets.tree import TreeTarget
 
 PROJECT = Path(__file__).resolve().parents[1]
+# The release line whose patches tests/kernels, tests/turboquant, tests/tq_hybrid and tests/gdn test.
+LINE = "v0.20"
+
+
+def line_series() -> Series:
+    """The series of LINE (lines/v0.20)."""
+    return line_named(PROJECT, LINE).load()
 
 
 def tree_from_env(var: str) -> Path | None:
@@ -34,15 +43,15 @@ def tree_from_env(var: str) -> Path | None:
 
 
 def pristine() -> Path:
-    """$VLLM_PATCH_PRISTINE_TREE, else the pinned release's PyPI sdist (downloaded once, cached)."""
-    return tree_from_env("VLLM_PATCH_PRISTINE_TREE") or pinned_base_tree(load_series(PROJECT).pin, quiet=True)
+    """$VLLM_PATCH_PRISTINE_TREE, else LINE's pinned release's PyPI sdist (downloaded once, cached)."""
+    return tree_from_env("VLLM_PATCH_PRISTINE_TREE") or pinned_base_tree(line_series().pin, quiet=True)
 
 
 def patched_copy(base: Path, dest: Path, upto: str | None = None) -> Path:
-    """dest holding a copy of base's ``vllm/`` with the series applied through the tool (all or nothing),
+    """dest holding a copy of base's ``vllm/`` with LINE's series applied through the tool (all or nothing),
     up to and including the patch named ``upto`` when given. Files the series touches outside ``vllm/``
     are copied too."""
-    series = load_series(PROJECT)
+    series = line_series()
     if upto is not None:
         series = dataclasses.replace(series, patches=series.patches[: series.names.index(upto) + 1])
     shutil.copytree(base / "vllm", dest / "vllm", ignore=shutil.ignore_patterns("__pycache__"))

@@ -1,13 +1,14 @@
 """Make the offline bundle for a GPU host without network, here (where PyPI is reachable).
 
-The bundle holds the pinned vLLM wheel's `vllm/` package and dist-info, slimmed (the
+The bundle holds a release line's pinned vLLM wheel (line v0.20, vLLM 0.20.0: the host's
+torch 2.11 and triton 3.6 are its stack) as its `vllm/` package and dist-info, slimmed (the
 FlashAttention 3 library and DeepGEMM are left out: TurboQuant needs FlashAttention 2
 and every scenario asks for it), as an xz tar split into parts of at most 64 MiB
 together with this repository, for hosts reached through a size-limited copy; the
 wheels vLLM and vllm-patch need that a CUDA PyTorch image lacks (cp312, manylinux);
 and a manifest. `tests/gpu/host.sh` assembles and runs it there.
 
-    python tests/gpu/bundle.py --out .gpu        # parts in .gpu/p1, .gpu/p2, ...
+    python tests/gpu/bundle.py --line v0.20 --out .gpu      # parts in .gpu/p1, .gpu/p2, ...
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ PROJECT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(PROJECT / "tool"))
 
 from vllm_patch.infrastructure.downloads import fetch  # noqa: E402
-from vllm_patch.series import load_series  # noqa: E402
+from vllm_patch.lines import line_named  # noqa: E402
 
 # Left out of the wheel: 144 MB of FlashAttention 3 (TurboQuant refuses FA >= 3) and DeepGEMM.
 DROPPED = ("vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so", "vllm/third_party/deep_gemm/")
@@ -109,9 +110,11 @@ def download(specs: tuple[str, ...], dest: Path, python: str = "3.12") -> list[s
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=PROJECT / ".gpu")
+    parser.add_argument("--line", default="v0.20", help="the release line whose pinned wheel travels (default v0.20: "
+                        "VLLM_DEPS are 0.20's; a line on a newer torch goes in a stack bundle, stack_bundle.py)")
     args = parser.parse_args()
     out: Path = args.out
-    pin = load_series(PROJECT).pin
+    pin = line_named(PROJECT, args.line).load().pin
     wheel = fetch(pin.wheel)
     if out.exists():
         shutil.rmtree(out)

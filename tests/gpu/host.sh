@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The GPU host's side of the harness: assemble the offline bundle that tests/gpu/bundle.py
 # made, then run the kernel tests and the scenarios on the pristine and the patched vLLM.
+# Release line v0.20 (lines/v0.20, vLLM 0.20.0), whose stack the host has; the current line
+# (vLLM 0.33) runs from a stack bundle (tests/gpu/stack.sh).
 # Needs python3 with CUDA torch 2.11, triton 3.6, transformers and pytest; no network.
 #
 #   tests/gpu/host.sh stage DIR...      copy bundle parts (the .gpu/pN folders) into $VP_HOME/parts
@@ -24,6 +26,7 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+LINE=v0.20
 VP_HOME=${VP_HOME:-/tmp/vllm-patch-gpu}
 VP_REPORT=${VP_REPORT:-$ROOT/tests/gpu/reports}
 VP_TREES=${VP_TREES:-unpatched patched}
@@ -73,9 +76,9 @@ EOF
             "$parts"/wheels/*.whl
         touch "$VP_HOME/site/.complete"
     fi
-    # The patched tree is made anew whenever the series changed.
+    # The patched tree is made anew whenever the line's series changed.
     local digest
-    digest=$(cat "$ROOT/series" "$ROOT"/patches/*.patch 2>/dev/null | sha256sum | cut -c1-16)
+    digest=$(cat "$ROOT/lines/$LINE/series" "$ROOT/lines/$LINE"/patches/*.patch 2>/dev/null | sha256sum | cut -c1-16)
     if [ "$(cat "$VP_HOME/patched/.series" 2>/dev/null)" != "$digest" ]; then
         rm -rf "$VP_HOME/patched"
         cp -a "$VP_HOME/pristine" "$VP_HOME/patched"
@@ -85,7 +88,7 @@ EOF
     tool status --target "$VP_HOME/patched" --expect applied
 }
 
-tool() { (cd "$ROOT" && PYTHONPATH="$ROOT/tool:$VP_HOME/site" "$PY" -m vllm_patch "$@"); }
+tool() { (cd "$ROOT" && PYTHONPATH="$ROOT/tool:$VP_HOME/site" "$PY" -m vllm_patch --line "$LINE" "$@"); }
 
 # The kernel tests load vLLM files from both trees; the GDN builder tests import the patched vLLM itself.
 kernels() {

@@ -1,12 +1,13 @@
 """Make the small offline pack for kernel-level runs on a GPU host: no vLLM wheel, only its sources.
 
 The kernel tests and benchmarks load vLLM's Triton files from a source tree (``tests/kernels/vllm_tree.py``), so
-a host with CUDA torch and Triton needs just two trees, the pinned release's ``vllm/*.py`` and a copy with the
-series applied, plus the few wheels vllm-patch imports there and pytest-xdist (a full kernel matrix compiles
-hundreds of Triton variants: in parallel, minutes instead of tens of minutes). About 6 MiB of trees and 1 MiB of
+a host with CUDA torch and Triton needs just two trees, a release line's pinned release's ``vllm/*.py`` (line
+v0.20, whose kernels tests/kernels and tests/turboquant test) and a copy with the line's series applied, plus the
+few wheels vllm-patch imports there and pytest-xdist (a full kernel matrix compiles hundreds of Triton variants:
+in parallel, minutes instead of tens of minutes). About 6 MiB of trees and 1 MiB of
 wheels; ``tests/gpu/host.sh kernel-pack DIR CMD...`` unpacks it and runs CMD with the trees named.
 
-    python tests/gpu/kernel_pack.py --out .gpu/kt
+    python tests/gpu/kernel_pack.py --line v0.20 --out .gpu/kt
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from bundle import TOOL_DEPS, download  # noqa: E402
 from vllm_patch.infrastructure.downloads import pinned_base_tree  # noqa: E402
+from vllm_patch.lines import line_named  # noqa: E402
 from vllm_patch.operations import apply  # noqa: E402
-from vllm_patch.series import load_series  # noqa: E402
 from vllm_patch.targets.tree import TreeTarget  # noqa: E402
 
 TEST_DEPS = ("pytest-xdist==3.8.0", "execnet==2.1.2")
@@ -42,8 +43,9 @@ def sources(src: Path, dest: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=PROJECT / ".gpu" / "kt")
+    parser.add_argument("--line", default="v0.20", help="the release line (default v0.20)")
     args = parser.parse_args()
-    series = load_series(PROJECT)
+    series = line_named(PROJECT, args.line).load()
     base = pinned_base_tree(series.pin, quiet=True)
     if args.out.exists():
         shutil.rmtree(args.out)
@@ -53,7 +55,7 @@ def main() -> int:
         sources(base, work / "pristine")
         shutil.copytree(base / "vllm", work / "full" / "vllm")
         if not apply(TreeTarget(work / "full"), series).ok:
-            raise SystemExit("kernel_pack: the series does not apply to the pinned release")
+            raise SystemExit(f"kernel_pack: line {args.line}'s series does not apply to its pinned release")
         sources(work / "full", work / "patched")
         with tarfile.open(args.out / "trees.tar.xz", "w:xz") as tar:
             tar.add(work / "pristine", "pristine")

@@ -4,14 +4,18 @@
 # The host's torch, its site-packages and the $VP_HOME trees of tests/gpu/host.sh are never written to.
 # Needs python3.12 (the bundle's Python; PYTHON picks another executable) and no network.
 #
-#   tests/gpu/stack.sh stage DIR...      copy part folders (.gpu/v0.33/pNN) into $VP_HOME/stack/LINE/parts
+# LINE is `current` (the top-level series, vLLM 0.33 now), a folder of lines/ (e.g. v0.20), or vX.Y naming the
+# line pinned to vLLM X.Y wherever it lives (v0.33: the top-level series while it is the current line). A stack is
+# named after its line's release, vX.Y: `current` and `v0.33` are the same stack, in $VP_HOME/stack/v0.33.
+#
+#   tests/gpu/stack.sh stage DIR...      copy part folders (.gpu/v0.33/pNN) into $VP_HOME/stack/vX.Y/parts
 #   tests/gpu/stack.sh check LINE        which parts are still missing or corrupt (one line), else a summary
 #   tests/gpu/stack.sh setup LINE        check every sha256, unpack into $VP_HOME/stack/LINE/prefix/site
 #   tests/gpu/stack.sh run LINE CMD...   CMD with the prefix first on PYTHONPATH and its nvidia libraries first
 #                                        on LD_LIBRARY_PATH (then the host's); prints torch/triton/CUDA first
 #   tests/gpu/stack.sh scenarios LINE ARGS...  the harness on the line's vLLM, unpatched and patched
 #                                        (VP_RUNNER=v1: engines under test on Model Runner V1, labels *-v1)
-#   tests/gpu/stack.sh tests LINE ARGS...      pytest (tests/lines/<line>) on both trees with the line's torch
+#   tests/gpu/stack.sh tests LINE ARGS...      pytest (tests/lines/vX_Y) on both trees with the line's torch
 #                                        (VP_TESTS_TREE=unpatched: the tests against the release alone)
 #   tests/gpu/stack.sh bench LINE ARGS...      benchmarks/bench_spec_e2e.py on both trees (ARGS: --group ...)
 #   tests/gpu/stack.sh env LINE          the environment run uses, as export lines (for `eval`)
@@ -28,10 +32,55 @@ PARTS_PY=$ROOT/tests/gpu/stack_parts.py
 
 die() { echo "stack.sh: $*" >&2; exit 2; }
 
-line_dir() {
-    [ -n "${1:-}" ] || die "name the release line, e.g. v0.33"
-    case $1 in */* | .*) die "bad line name $1" ;; esac
+pin_version() { [ -f "$1/series" ] || die "no series in $1"; sed -n 's/^#: version = //p' "$1/series"; }
+
+# vX.Y of the release the series in directory $1 is pinned to (0.33.0: v0.33).
+release_of() {
+    local version
+    version=$(pin_version "$1") || exit 2
+    [ -n "$version" ] || die "no pinned version in $1/series"
+    echo "v${version%.*}"
+}
+
+# The series directory of line $1.
+series_dir() {
+    local name=${1:-}
+    [ -n "$name" ] || die "name the release line, e.g. current, v0.33 or v0.20"
+    case $name in */* | .*) die "bad line name $name" ;; esac
+    if [ "$name" = current ]; then
+        echo "$ROOT"
+    elif [ -f "$ROOT/lines/$name/series" ]; then
+        echo "$ROOT/lines/$name"
+    elif [ "$(release_of "$ROOT")" = "$name" ]; then
+        echo "$ROOT"
+    else
+        die "no release line $name: no $ROOT/lines/$name, and the top-level series is pinned to vLLM $(pin_version "$ROOT")"
+    fi
+}
+
+# The name vllm-patch's --line knows line $1 by.
+tool_line() {
+    local dir
+    dir=$(series_dir "$1") || exit 2
+    if [ "$dir" = "$ROOT" ]; then echo current; else echo "$1"; fi
+}
+
+# The stack name of line $1: vX.Y of its release.
+stack_name() {
+    local dir
+    dir=$(series_dir "$1") || exit 2
+    release_of "$dir"
+}
+
+stack_dir() {
+    case ${1:-} in '' | */* | .*) die "bad stack name '${1:-}'" ;; esac
     echo "$VP_HOME/stack/$1"
+}
+
+line_dir() {
+    local name
+    name=$(stack_name "${1:-}") || exit 2
+    stack_dir "$name"
 }
 
 stage() {
@@ -40,7 +89,7 @@ stage() {
     for dir in "$@"; do
         [ -f "$dir/manifest.json" ] || die "no stack bundle part folder $dir (no manifest.json)"
         line=$("$PY" "$PARTS_PY" line "$dir")
-        dest=$(line_dir "$line")/parts
+        dest=$(stack_dir "$line")/parts
         mkdir -p "$dest"
         cp "$dir"/* "$dest/"
         echo "staged $dir for $line"
@@ -57,7 +106,7 @@ print(":".join(d for r in dict.fromkeys(sys.path) if r for d in sorted(glob.glob
 
 stack_env() {
     local dir site libs host
-    dir=$(line_dir "$1")
+    dir=$(line_dir "$1") || exit 2
     site=$dir/prefix/site
     [ -f "$dir/prefix/.complete" ] || die "no prefix for $1 in $dir: run stack.sh setup $1 first"
     libs=$(find "$site/nvidia" -mindepth 2 -maxdepth 2 -type d -name lib 2>/dev/null | sort | paste -sd: -)
@@ -103,35 +152,37 @@ tool_deps() {
 
 make_trees() {
     local line=$1 dir
-    dir=$(line_dir "$line")
+    dir=$(line_dir "$line") || exit 2
     [ -f "$dir/prefix/.complete" ] || die "no prefix for $line in $dir: run stack.sh setup $line first"
-    [ -f "$ROOT/lines/$line/series" ] || die "no line $line in $ROOT/lines"
     # One maker at a time: a second run started meanwhile waits, then finds the trees made.
     (flock 9 && make_trees_locked "$line" "$dir") 9>"$dir/.trees.lock"
 }
 
 make_trees_locked() {
-    local line=$1 dir=$2 site=$2/prefix/site trees=$2/trees deps digest t
+    local line=$1 dir=$2 site=$2/prefix/site trees=$2/trees deps digest t series tool_name
     deps=$(tool_deps)
-    digest=$(cat "$ROOT/lines/$line/series" "$ROOT/lines/$line"/patches/*.patch | sha256sum | cut -c1-16)
+    series=$(series_dir "$line") || exit 2
+    tool_name=$(tool_line "$line") || exit 2
+    digest=$(cat "$series/series" "$series"/patches/*.patch | sha256sum | cut -c1-16)
     [ "$(cat "$trees/.series" 2>/dev/null)" = "$digest" ] && return 0
     rm -rf "$trees" && mkdir -p "$trees"
     for t in unpatched patched; do
         mkdir -p "$trees/$t"
         cp -a "$site/vllm" "$site"/vllm-*.dist-info "$trees/$t/"
     done
-    (cd "$ROOT" && PYTHONPATH="$ROOT/tool:$deps" "$PY" -m vllm_patch --line "$line" apply --target "$trees/patched") >&2
+    (cd "$ROOT" && PYTHONPATH="$ROOT/tool:$deps" "$PY" -m vllm_patch --line "$tool_name" apply --target "$trees/patched") >&2
     echo "$digest" >"$trees/.series"
 }
 
 # The harness on both trees with the prefix's torch. ARGS go to `python -m harness run` (e.g. --scenarios f-).
 scenarios() {
-    local line=${1:-} dir trees version suffix=""
+    local line=${1:-} dir trees version series suffix=""
     shift || true
-    dir=$(line_dir "$line")
+    dir=$(line_dir "$line") || exit 2
     make_trees "$line"
     trees=$dir/trees
-    version=$(sed -n 's/^#: version = //p' "$ROOT/lines/$line/series")
+    series=$(series_dir "$line") || exit 2
+    version=$(pin_version "$series") || exit 2
     eval "$(stack_env "$line")"
     # The release's sampler imports FlashInfer, which the stack does not carry, unless told not to.
     export VLLM_USE_FLASHINFER_SAMPLER=0
@@ -144,17 +195,18 @@ scenarios() {
         --work "$dir/work" --out "${VP_REPORT:-$ROOT/tests/gpu/reports}" --title "vLLM $version" "$@"
 }
 
-# The line's tests (tests/lines/v0_33 for v0.33) with its torch and triton, on the GPU: the release's files from
-# the unpatched tree, the line's from the patched one (VP_TESTS_TREE=unpatched: from the release too, to show
-# which tests the line makes pass).
+# The line's tests (tests/lines/v0_33 for the line pinned to 0.33) with its torch and triton, on the GPU: the
+# release's files from the unpatched tree, the line's from the patched one (VP_TESTS_TREE=unpatched: from the
+# release too, to show which tests the line makes pass).
 line_tests() {
-    local line=${1:-} dir key folder deps
+    local line=${1:-} dir key folder deps name
     shift || true
-    dir=$(line_dir "$line")
+    dir=$(line_dir "$line") || exit 2
     make_trees "$line"
     deps=$(tool_deps)
-    key=V$(echo "${line#v}" | tr -d .)
-    folder=$ROOT/tests/lines/$(echo "$line" | tr . _)
+    name=$(stack_name "$line") || exit 2
+    key=V$(echo "${name#v}" | tr -d .)
+    folder=$ROOT/tests/lines/$(echo "$name" | tr . _)
     [ -d "$folder" ] || die "no tests for $line in $folder"
     eval "$(stack_env "$line")"
     cd "$ROOT"
@@ -165,11 +217,12 @@ line_tests() {
 
 # benchmarks/bench_spec_e2e.py on both trees; its output also goes to $VP_REPORT/bench-spec-e2e-LINE-ARGS.txt.
 bench() {
-    local line=${1:-} dir tag report=${VP_REPORT:-$ROOT/tests/gpu/reports}
+    local line=${1:-} dir tag name report=${VP_REPORT:-$ROOT/tests/gpu/reports}
     shift || true
-    dir=$(line_dir "$line")
+    dir=$(line_dir "$line") || exit 2
     make_trees "$line"
-    tag=$(echo "$line $*" | tr -c 'A-Za-z0-9.\n' - | tr -s - | sed 's/-$//')
+    name=$(stack_name "$line") || exit 2
+    tag=$(echo "$name $*" | tr -c 'A-Za-z0-9.\n' - | tr -s - | sed 's/-$//')
     eval "$(stack_env "$line")"
     export VLLM_USE_FLASHINFER_SAMPLER=0
     mkdir -p "$report"

@@ -9,8 +9,12 @@ xz-compressed streams (so the manifest gives each component's compressed size), 
 60 MiB in out/p01, out/p02, ...; every part folder holds the manifest (sha256 of the archive and of each part).
 `tests/gpu/stack.sh` stages, checks and unpacks it there into a prefix of its own, never touching the host's torch.
 
-    python tests/gpu/stack_bundle.py --line v0.33                  # .gpu/v0.33/p01 ...
-    python tests/gpu/stack_bundle.py --line v0.33 --with cudnn     # also ship cuDNN 9.24 (~9 parts more)
+    python tests/gpu/stack_bundle.py --line current                # .gpu/v0.33/p01 ...
+    python tests/gpu/stack_bundle.py --line v0.33 --with cudnn     # the same line; also ship cuDNN 9.24 (~9 parts more)
+
+--line is `current` (the top-level series, pinned to vLLM 0.33.0 now), a folder of lines/, or vX.Y: the line pinned
+to vLLM X.Y wherever it lives. A stack is named after its line's release (v0.33), whichever line that is now: the
+output folder, the manifest and tests/gpu/stack.sh's prefix use that name.
 
 What travels, and why (v0.33; figures from the wheels' METADATA and their ELF symbols, torch 2.14.0+cu130):
 - NCCL 2.30.7: libtorch_cuda.so 2.14 needs 11 functions NCCL 2.28.9 (torch 2.11's pin, the host's) lacks
@@ -41,7 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from stack_parts import sha256_file, write_manifest  # noqa: E402
 
 from bundle import PART_BYTES, PROJECT, download, fetch, kept, split  # noqa: E402
-from vllm_patch.series import load_series  # noqa: E402
+from vllm_patch.lines import CURRENT, LINES_DIR, lines_of  # noqa: E402
+from vllm_patch.series import Series  # noqa: E402
 
 # Never loaded by a run: static libraries, C headers of the nvidia wheels.
 DROPPED_ALWAYS = (".a",)
@@ -113,6 +118,30 @@ LINES = {
         why={"nvidia-nccl-cu13": "libtorch_cuda.so needs 11 symbols NCCL 2.28.9 lacks (ncclCommGrow, ...)"},
     ),
 }
+
+
+def release_name(series: Series) -> str:
+    """vX.Y of the release a series is pinned to: the name of its stack (0.33.0: v0.33)."""
+    return "v" + ".".join(series.pin.version.split(".")[:2])
+
+
+def resolve(name: str, project: Path = PROJECT) -> tuple[str, Series]:
+    """The stack name and the series of line `name`: `current`, a folder of lines/, or vX.Y (the line pinned to
+    vLLM X.Y). A name that is none of them, or a line without a stack recipe in LINES, is a SystemExit."""
+    lines = lines_of(project)
+    chosen = next((line for line in lines if line.name == name), None)
+    if chosen is None:
+        chosen = next((line for line in lines if release_name(line.load()) == name), None)
+    if chosen is None:
+        raise SystemExit(f"stack_bundle: no release line {name!r}: neither {CURRENT!r}, a folder of "
+                         f"{project / LINES_DIR}, nor vX.Y of a line's release ("
+                         + ", ".join(f"{line.name}: {release_name(line.load())}" for line in lines) + ")")
+    series = chosen.load()
+    stack = release_name(series)
+    if stack not in LINES:
+        raise SystemExit(f"stack_bundle: line {chosen.name} (vLLM {series.pin.version}) has no stack recipe; "
+                         f"there are: {', '.join(sorted(LINES))}")
+    return stack, series
 
 
 def matches(name: str, rules: tuple[str, ...]) -> bool:
@@ -187,12 +216,13 @@ def compress_slices(plain: Path, cuts: list[tuple[str, int, int]], archive: Path
 
 def build(line_name: str, out: Path, extras: tuple[str, ...], work: Path, level: int = 6,
           part_bytes: int = PART_BYTES, wheels: dict[str, list[Path]] | None = None, python: str | None = None) -> dict:
-    """The bundle in out/pNN. wheels (component name -> wheel files) replaces the downloads, python the line's
-    Python (tests)."""
+    """The bundle of line line_name (see resolve) in out/pNN. wheels (component name -> wheel files) replaces the
+    downloads, python the line's Python (tests)."""
+    line_name, series = resolve(line_name)
     line = LINES[line_name]
     python = python or line.python
     if wheels is None:
-        pin = load_series(PROJECT / "lines" / line_name).pin
+        pin = series.pin
         dl = work / "wheels"
         nvidia = line.nvidia + tuple(line.optional[e] for e in extras)
         wheels = {
@@ -249,20 +279,22 @@ def _renumber(part: Path, out: Path) -> Path:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--line", default="v0.33", choices=sorted(LINES))
-    parser.add_argument("--out", type=Path, help="default .gpu/LINE")
+    parser.add_argument("--line", default=CURRENT, help="the release line: current (default), a folder of lines/, "
+                        "or vX.Y (the line pinned to vLLM X.Y); stacks: " + ", ".join(sorted(LINES)))
+    parser.add_argument("--out", type=Path, help="default .gpu/vX.Y (the line's release)")
     parser.add_argument("--with", dest="extras", default="", help="comma-separated: " + ", ".join(
         sorted(LINES["v0.33"].optional)) + " (nvidia libraries that need not travel)")
     parser.add_argument("--level", type=int, default=6, choices=range(0, 10), help="xz preset (default 6)")
     parser.add_argument("--work", type=Path, help="scratch folder (default a temporary one in /tmp)")
     args = parser.parse_args()
-    out = args.out or PROJECT / ".gpu" / args.line
+    stack, _ = resolve(args.line)
+    out = args.out or PROJECT / ".gpu" / stack
     extras = tuple(e for e in args.extras.split(",") if e)
-    unknown = [e for e in extras if e not in LINES[args.line].optional]
+    unknown = [e for e in extras if e not in LINES[stack].optional]
     if unknown:
-        parser.error(f"--with {','.join(unknown)}: not one of {', '.join(sorted(LINES[args.line].optional))}")
+        parser.error(f"--with {','.join(unknown)}: not one of {', '.join(sorted(LINES[stack].optional))}")
     with tempfile.TemporaryDirectory(dir=args.work) as tmp:
-        manifest = build(args.line, out, extras, Path(tmp), args.level)
+        manifest = build(stack, out, extras, Path(tmp), args.level)
     for c in manifest["components"]:
         print(f"{c['name']:7} {c['kept_bytes'] / 2**20:8.1f} MiB kept, {c['dropped_bytes'] / 2**20:7.1f} MiB dropped, "
               f"xz -{args.level}: {c['xz_bytes'] / 2**20:7.1f} MiB  ({', '.join(c['wheels'][:4])}"

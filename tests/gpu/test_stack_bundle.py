@@ -11,7 +11,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from stack_bundle import LINES, build, dropped, installed_name
+from stack_bundle import LINES, build, dropped, installed_name, resolve
 from stack_parts import StackError, assemble, check
 
 HERE = Path(__file__).resolve().parent
@@ -105,6 +105,18 @@ def test_v033_ships_nccl_and_no_torch_pins_twice():
     assert not [n for n in names if n.startswith(("torch==", "triton", "nvidia", "cuda", "numpy"))]
 
 
+def test_a_line_resolves_to_the_stack_of_its_release():
+    """`current` (the top-level series, pinned to 0.33.0) and `v0.33` name one stack; v0.20 runs on the host's
+    own stack (host.sh), so it has no recipe."""
+    stack, series = resolve("current")
+    assert stack == "v0.33" and series.pin.version == "0.33.0"
+    assert resolve("v0.33")[0] == "v0.33" and resolve("v0.33")[1].names == series.names
+    with pytest.raises(SystemExit, match="line v0.20 .* has no stack recipe"):
+        resolve("v0.20")
+    with pytest.raises(SystemExit, match="no release line 'v0.99'"):
+        resolve("v0.99")
+
+
 def test_parts_manifest_and_assembly_round_trip(tmp_path, bundle):
     out, manifest = bundle
     folders = sorted(p.name for p in out.iterdir())
@@ -191,3 +203,9 @@ def test_stack_sh_stage_setup_run(tmp_path, bundle):
     lines = proc.stdout.splitlines()
     assert lines[0] == "2.14.0+cu130 3.8.0 False"
     assert lines[-1].startswith("tiny 1 ") and lines[-1].endswith("stack/v0.33/prefix/site/torch/__init__.py")
+    # `current` is the top-level series, pinned to 0.33: the same stack.
+    proc = bash("env", "current", home=home)
+    assert proc.returncode == 0 and f"PYTHONPATH={home}/stack/v0.33/prefix/site" in proc.stdout, proc.stderr
+    proc = bash("check", "v0.99", home=home)
+    assert proc.returncode == 2 and "no release line v0.99" in proc.stderr and proc.stderr.count("\n") == 1, \
+        proc.stderr

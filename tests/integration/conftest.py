@@ -1,5 +1,5 @@
-"""Fixtures on the real vLLM 0.20.0: the PyPI sdist and wheel, fetched once into the
-user's cache by the tool's own downloader (sha256-checked) and reused across runs."""
+"""Fixtures on the real vLLM 0.20.0 (the pin of release line v0.20): the PyPI sdist and wheel, fetched once
+into the user's cache by the tool's own downloader (sha256-checked) and reused across runs."""
 
 from __future__ import annotations
 
@@ -9,14 +9,16 @@ import pytest
 
 from realvllm import ambiguous_steps, make_series, make_venv, sample_series_steps
 from vllm_patch.infrastructure.downloads import fetch, pinned_base_tree
-from vllm_patch.series import load_series
+from vllm_patch.lines import line_named
 
 PROJECT = Path(__file__).resolve().parents[2]
+# The line whose release (0.20.0) the sample series of tests/realvllm.py edit.
+LINE = "v0.20"
 
 
 @pytest.fixture(scope="session")
 def pin():
-    return load_series(PROJECT).pin
+    return line_named(PROJECT, LINE).load().pin
 
 
 @pytest.fixture(scope="session")

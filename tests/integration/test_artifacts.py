@@ -64,6 +64,17 @@ def test_dockerfile_runs_exactly_the_tested_commands_and_lints_clean():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_image_defaults_follow_the_chosen_lines_pin():
+    """The Dockerfile's base and `make image`'s tags are the current line's release; LINE=v0.20 gives 0.20's."""
+    pin = load_series(PROJECT).pin
+    assert f"ARG VLLM_IMAGE=vllm/vllm-openai:{pin.tag}\n" in (PROJECT / "Dockerfile").read_text()
+    for args, version in (((), pin.version), (("LINE=v0.20",), "0.20.0"), (("LINE=current",), pin.version)):
+        made = subprocess.run(["make", "-s", "-n", "-C", str(PROJECT), "image", *args], capture_output=True,
+                              text=True)
+        assert made.returncode == 0, made.stderr
+        assert f"scripts/build-image patched vllm-patch:{version} vllm/vllm-openai:v{version}" in made.stdout
+
+
 def run_step(command: str, python: Path, series: Path) -> subprocess.CompletedProcess:
     """A `vllm-patch` RUN step of the Dockerfile against a test venv: the image's
     ``VLLM_PATCH_SERIES`` is `series`, its ``python3`` is `python`."""

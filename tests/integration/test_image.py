@@ -1,6 +1,7 @@
 """The container image, built for real with buildah from the project's Dockerfile, on a local
 stand-in for vllm/vllm-openai (``scripts/image-base``: Debian, Python and the real vLLM 0.20.0
-wheel installed --no-deps), since no image registry is reachable.
+wheel installed --no-deps), since no image registry is reachable. The image carries every release line
+and applies the one pinned to its vLLM: here line v0.20, not the current (top-level) one.
 
 Both targets build (each runs ``status --expect applied`` and compares vLLM's ``pip freeze``
 with the one taken before the tool came in); then a container of each result is asked again,
@@ -17,12 +18,13 @@ from pathlib import Path
 import pytest
 
 from helpers import run_cli
-from vllm_patch.series import load_series
+from vllm_patch.lines import line_named
 
 PROJECT = Path(__file__).resolve().parents[2]
 BASE_TAG = "localhost/vllm-base:{version}"
 ENGINE = {"STORAGE_DRIVER": "vfs", "BUILDAH_ISOLATION": "chroot"}
 NEEDS = "builds need root, buildah and debootstrap (apt-get install buildah debootstrap; .ci/run installs them)"
+LINE = "v0.20"  # the line pinned to the base image's vLLM (conftest's pin)
 
 pytestmark = [
     pytest.mark.integration,
@@ -48,15 +50,16 @@ def base_image(wheel_file, pin) -> str:
 
 @pytest.fixture(scope="module")
 def context(tmp_path_factory, wheel_file) -> Path:
-    """What the Dockerfile copies: the project's tool, series and patches, and dist/ with the
-    patched wheel the tool builds from the real one."""
+    """What the Dockerfile copies: the project's tool, series, patches and lines, and dist/ with the
+    patched wheel the tool builds (with line v0.20) from the real one."""
     ctx = tmp_path_factory.mktemp("image") / "ctx"
     ctx.mkdir()
     for name in ("Dockerfile", "pyproject.toml", "README.md", "series"):
         shutil.copy2(PROJECT / name, ctx / name)
-    for name in ("tool", "patches"):
+    for name in ("tool", "patches", "lines"):
         shutil.copytree(PROJECT / name, ctx / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    built = run_cli("--series", str(PROJECT), "build-wheel", "--from", str(wheel_file), "--out", str(ctx / "dist"))
+    built = run_cli("--series", str(PROJECT), "--line", LINE, "build-wheel", "--from", str(wheel_file),
+                    "--out", str(ctx / "dist"))
     assert built.returncode == 0, built.stderr
     return ctx
 
@@ -86,9 +89,10 @@ def test_image_builds_and_reports_every_patch_applied(base_image, context, targe
     status = run_in(image, "vllm-patch", "status", "--python", "python3", "--json")
     assert status.returncode == 0, status.stdout + status.stderr
     report = json.loads(status.stdout)
-    names = [p.name for p in load_series(PROJECT).patches]
+    names = [p.name for p in line_named(PROJECT, LINE).load().patches]
     assert report["verdict"] == "applied"
     assert [(p["name"], p["state"]) for p in report["patches"]] == [(n, "applied") for n in names]
+    assert any(f"release line {LINE}" in note for note in report["notes"]), report["notes"]
 
     # The tool lives in its own virtualenv: vLLM's interpreter sees no new distribution.
     freeze = run_in(image, "python3", "-m", "pip", "freeze", "--all")

@@ -1,5 +1,6 @@
-"""Every release line checks against its own pinned release's sdist, and the current series also applies to the
-later 0.20.x patch releases (the line's users upgrade within it)."""
+"""Every release line checks against its own pinned release's sdist: the current line (the top-level series,
+vLLM 0.33.0) and the maintained line v0.20 (vLLM 0.20.0), which also applies to the later 0.20.x patch
+releases (the line's users upgrade within it)."""
 
 from __future__ import annotations
 
@@ -9,27 +10,36 @@ from pathlib import Path
 import pytest
 
 from helpers import run_cli
-from vllm_patch.lines import lines_of
-from vllm_patch.series import load_series
+from vllm_patch.lines import CURRENT, line_named, lines_of
 
 pytestmark = pytest.mark.integration
 
 PROJECT = Path(__file__).resolve().parents[2]
+# The lines CI must check, with the release each is pinned to.
+MAINTAINED = {CURRENT: "0.33.0", "v0.20": "0.20.0"}
+
+
+def test_the_maintained_lines_are_there_with_their_pins():
+    pins = {line.name: line.load().pin.version for line in lines_of(PROJECT)}
+    assert {name: pins.get(name) for name in MAINTAINED} == MAINTAINED
 
 
 @pytest.mark.parametrize("line", [line.name for line in lines_of(PROJECT)])
 def test_each_line_checks_on_its_pinned_release(line):
+    version = line_named(PROJECT, line).load().pin.version
     result = run_cli("--line", line, "check", cwd=PROJECT)
     assert result.returncode == 0, result.stderr
-    assert "apply cleanly" in result.stdout
+    assert "apply cleanly" in result.stdout and f"vLLM found: {version} " in result.stdout
 
 
-def test_the_current_series_applies_to_the_later_0_20_releases():
-    result = run_cli("outlook", "--releases", "0.20.1,0.20.2", "--json", cwd=PROJECT)
+def test_the_v0_20_line_applies_to_the_later_0_20_releases():
+    result = run_cli("--line", "v0.20", "outlook", "--releases", "0.20.1,0.20.2", "--json", cwd=PROJECT)
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
+    assert data["pin"]["version"] == "0.20.0"
     releases = {r["version"]: r for r in data["releases"]}
     assert set(releases) >= {"0.20.1", "0.20.2"}
     for version in ("0.20.1", "0.20.2"):
         states = {name: cell["stacked"]["state"] for name, cell in releases[version]["patches"].items()}
-        assert len(states) == len(load_series(PROJECT).patches) and set(states.values()) == {"clean"}, (version, states)
+        assert len(states) == len(line_named(PROJECT, "v0.20").load().patches), (version, states)
+        assert set(states.values()) == {"clean"}, (version, states)

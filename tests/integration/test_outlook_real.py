@@ -1,5 +1,6 @@
 """The outlook and the rename-following rebase on the real vLLM sdists (0.20.0, 0.20.2,
-0.21.0, 0.22.0, 0.31.0, 0.33.0 from PyPI; downloaded once into the cache, sha256-checked)."""
+0.21.0, 0.22.0, 0.31.0, 0.33.0 from PyPI; downloaded once into the cache, sha256-checked).
+The project's series here is release line v0.20's (lines/v0.20, pinned to 0.20.0)."""
 
 from __future__ import annotations
 
@@ -20,11 +21,14 @@ import pytest
 from helpers import run_cli, snapshot
 from realvllm import GDN, GDN_LAYER, make_series, replace_once
 from vllm_patch.lifecycle.obsolete import conditions
+from vllm_patch.lines import line_named
 from vllm_patch.series import load_series
 
 pytestmark = pytest.mark.integration
 
 PROJECT = Path(__file__).resolve().parents[2]
+LINE = "v0.20"
+V020 = ("--line", LINE)  # the project's 0.20 line, whichever line is current
 QWEN_GDN = "vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py"
 FLA_OLD = "vllm/model_executor/layers/fla/ops/fused_recurrent.py"
 FLA_NEW = "vllm/third_party/flash_linear_attention/ops/fused_recurrent.py"
@@ -37,7 +41,7 @@ SIGNATURE = "    def get_state_shape(self) -> tuple[tuple[int, ...], tuple[int, 
 
 
 def outlook_json(*args: str, series: Path | None = None) -> dict:
-    where = ("--series", str(series)) if series else ()
+    where = ("--series", str(series)) if series else V020
     result = run_cli(*where, "outlook", "--json", *args, cwd=PROJECT)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
@@ -48,7 +52,7 @@ def cells(data: dict, version: str) -> tuple[dict, dict]:
     return row["moves"], {name[:4]: cell for name, cell in row["patches"].items()}
 
 
-def test_outlook_of_the_current_series_on_0_21_and_0_33():
+def test_outlook_of_the_v0_20_line_on_0_21_and_0_33():
     data = outlook_json("--releases", "0.21.0,0.31.0,0.33.0")
     assert [r["version"] for r in data["releases"]] == ["0.21.0", "0.31.0", "0.33.0"]
     moves, c = cells(data, "0.21.0")
@@ -69,7 +73,7 @@ def test_obsolete_cells_follow_the_trailers_on_0_31_and_0_33():
     """Checks whatever the patches' Obsolete-If trailers say: a patch is obsolete exactly where
     it carries such trailers and they hold. NOTE: the last assertion (0004-0006 obsolete on
     0.33, 0001-0003 not) passes once the trailers are in patches 0004-0006."""
-    series = load_series(Path(os.environ.get("VLLM_PATCH_SERIES") or PROJECT))  # what the CLI reads too
+    series = line_named(Path(os.environ.get("VLLM_PATCH_SERIES") or PROJECT), LINE).load()  # what the CLI reads too
     data = outlook_json("--releases", "0.31.0,0.33.0")
     for version in ("0.31.0", "0.33.0"):
         _, c = cells(data, version)
@@ -86,21 +90,27 @@ def test_obsolete_cells_follow_the_trailers_on_0_31_and_0_33():
     assert {n for n, cell in c33.items() if cell["stacked"]["state"] == "obsolete"} == {"0004", "0005", "0006"}
 
 
+def series_files() -> tuple[dict[str, bytes], ...]:
+    """The project's series files: line v0.20's, and the current line's."""
+    top = {"series": (PROJECT / "series").read_bytes()}
+    return snapshot(PROJECT / "lines" / LINE), snapshot(PROJECT / "patches"), top
+
+
 def test_outlook_markdown_and_table(tmp_path):
-    before = snapshot(PROJECT / "patches") | {"series": (PROJECT / "series").read_bytes()}
+    before = series_files()
     report = tmp_path / "outlook.md"
-    result = run_cli("outlook", "--to", "0.20.2", "--markdown", str(report), cwd=PROJECT)
+    result = run_cli(*V020, "outlook", "--to", "0.20.2", "--markdown", str(report), cwd=PROJECT)
     assert result.returncode == 0, result.stderr
     assert "0.20.1" in result.stdout and "✓ clean" in result.stdout
     text = report.read_text()
     assert text.startswith("### vllm-patch outlook") and "| 0.20.2 |" in text and "| 0.20.0 |" in text
-    assert before == snapshot(PROJECT / "patches") | {"series": (PROJECT / "series").read_bytes()}
+    assert before == series_files()
 
 
 def copy_series(dest: Path) -> Path:
     dest.mkdir(parents=True)
-    shutil.copy2(PROJECT / "series", dest / "series")
-    shutil.copytree(PROJECT / "patches", dest / "patches")
+    shutil.copy2(PROJECT / "lines" / LINE / "series", dest / "series")
+    shutil.copytree(PROJECT / "lines" / LINE / "patches", dest / "patches")
     return dest
 
 
@@ -276,7 +286,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     # No network, empty cache.
     offline = {"VLLM_PATCH_CACHE": str(tmp_path / "empty"), "VLLM_PATCH_INDEX_URL": "http://127.0.0.1:9/simple"}
     for args in (("outlook",), ("outlook", "--releases", "0.21.0"), ("rebase", "v0.21.0")):
-        result = run_cli(*args, cwd=PROJECT, env=offline)
+        result = run_cli(*V020, *args, cwd=PROJECT, env=offline)
         assert result.returncode == 2, (args, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr, result.stderr
     # An index whose sha256 for the sdist does not match what it serves.
@@ -287,7 +297,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         env = {"VLLM_PATCH_CACHE": str(tmp_path / "c2"), "VLLM_PATCH_INDEX_URL": f"http://127.0.0.1:{port}/simple"}
-        result = run_cli("outlook", "--releases", "0.21.0", cwd=PROJECT, env=env)
+        result = run_cli(*V020, "outlook", "--releases", "0.21.0", cwd=PROJECT, env=env)
     finally:
         server.shutdown()
     assert result.returncode == 2 and "sha256" in result.stderr and "does not match" in result.stderr

@@ -1,7 +1,7 @@
 """Kernel tests: vLLM's Triton kernels against PyTorch references, on a GPU or on CPU under Triton's interpreter.
 
 The vLLM sources come from two trees (the ``pristine_tree`` and ``patched_tree`` fixtures of tests/conftest.py):
-the pinned release and a copy with the project's series applied.
+release line v0.20's pinned release (0.20.0) and a copy with that line's series applied.
 """
 
 from __future__ import annotations

@@ -10,14 +10,13 @@ from pathlib import Path
 import pytest
 
 from vllm_patch.operations import status
-from vllm_patch.series import load_series
 from vllm_patch.targets.tree import TreeTarget
 from vllm_tree import load_module, package_name
+from vllm_trees import line_series
 
 pytestmark = pytest.mark.kernels
 
 HERE = Path(__file__).resolve().parent
-PROJECT = HERE.parents[1]
 DECODE = "vllm/v1/attention/ops/triton_turboquant_decode.py"
 STAGE2 = "vllm/v1/attention/ops/triton_decode_attention.py"
 STORE = "vllm/v1/attention/ops/triton_turboquant_store.py"
@@ -94,5 +93,5 @@ def test_real_kernels_load_from_their_own_tree(pristine_tree, patched_tree):
 
 
 def test_patched_tree_carries_the_whole_series(patched_tree):
-    outcome = status(TreeTarget(patched_tree), load_series(PROJECT))
+    outcome = status(TreeTarget(patched_tree), line_series())
     assert outcome.ok and outcome.analysis.verdict == "applied", outcome.analysis.reports

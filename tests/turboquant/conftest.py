@@ -1,8 +1,8 @@
 """TurboQuant backend tests: the patched ``turboquant_attn.py`` read (source checks) and run (``tq_backend``).
 
-Trees: the pinned release (``$VLLM_PATCH_PRISTINE_TREE`` or the cached sdist), the whole series applied
-(``$VLLM_PATCH_PATCHED_TREE`` or a session copy patched by the tool), and the release with the series up to
-patch 0001 only (always built here), to check that the first patch is a safe state on its own.
+Trees (release line v0.20): its pinned release (``$VLLM_PATCH_PRISTINE_TREE`` or the cached 0.20.0 sdist), the
+line's whole series applied (``$VLLM_PATCH_PATCHED_TREE`` or a session copy patched by the tool), and the release
+with the series up to patch 0001 only (always built here), to check that the first patch is a safe state on its own.
 """
 
 from __future__ import annotations

@@ -257,7 +257,7 @@ def status(ctx, target_spec, python, kind, wait, as_json, full, expect) -> None:
 @click.pass_context
 @handle_errors
 def build_wheel_cmd(ctx: click.Context, source: Path | None, out_dir: Path, as_json: bool) -> None:
-    """Build a patched vLLM wheel (version 0.20.0+vp.<series digest>) from the upstream wheel."""
+    """Build a patched vLLM wheel (version <pin>+vp.<series digest>) from the line's pinned upstream wheel."""
     series = _series(ctx)
     built = operations.build_wheel(series, source, out_dir, quiet=as_json)
     if as_json:

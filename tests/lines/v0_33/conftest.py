@@ -1,4 +1,5 @@
-"""The v0.33 release line's tests: its patches against vLLM 0.33.0's own files, on CPU (Triton interpreted).
+"""The tests of the line pinned to vLLM 0.33.0 (the current line, the top-level series): its patches against
+0.33.0's own files, on CPU (Triton interpreted).
 
 ``v033_pristine_tree`` is the 0.33.0 sdist (downloaded once, cached); ``v033_tree`` a copy of it with the line's
 series applied through the tool. ``$VLLM_PATCH_V033_TREE`` names another tree to test instead: pointing it at
@@ -24,19 +25,36 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1] / "kernels"))  # vllm_tree
 
 from vllm_patch.infrastructure.downloads import pinned_base_tree  # noqa: E402
-from vllm_patch.lines import line_named  # noqa: E402
+from vllm_patch.lines import CURRENT, line_named  # noqa: E402
 from vllm_patch.operations import apply  # noqa: E402
+from vllm_patch.series import Series  # noqa: E402
 from vllm_patch.targets.tree import TreeTarget  # noqa: E402
 from vllm_trees import PROJECT, tree_from_env  # noqa: E402
 
-LINE = "v0.33"
+LINE = CURRENT
+VERSION = "0.33.0"
+
+
+def line_series() -> Series:
+    """The series of LINE, which must be pinned to VERSION (these tests read 0.33.0's files)."""
+    series = line_named(PROJECT, LINE).load()
+    if series.pin.version != VERSION:
+        raise pytest.UsageError(f"tests/lines/v0_33 test vLLM {VERSION}, but line {LINE} is pinned to "
+                                f"{series.pin.version}: point LINE at the line pinned to {VERSION}")
+    return series
+
+
+@pytest.fixture(scope="session")
+def v033_series() -> Series:
+    """The line's series."""
+    return line_series()
 
 
 @pytest.fixture(scope="session")
 def v033_pristine_tree() -> Path:
     """$VLLM_PATCH_V033_PRISTINE_TREE, else the line's pinned sdist."""
     return tree_from_env("VLLM_PATCH_V033_PRISTINE_TREE") or \
-        pinned_base_tree(line_named(PROJECT, LINE).load().pin, quiet=True)
+        pinned_base_tree(line_series().pin, quiet=True)
 
 
 @pytest.fixture(scope="session")
@@ -47,5 +65,5 @@ def v033_tree(v033_pristine_tree: Path, tmp_path_factory) -> Path:
         return chosen
     dest = tmp_path_factory.mktemp("v033-patched")
     shutil.copytree(v033_pristine_tree / "vllm", dest / "vllm", ignore=shutil.ignore_patterns("__pycache__"))
-    apply(TreeTarget(dest), line_named(PROJECT, LINE).load())
+    apply(TreeTarget(dest), line_series())
     return dest
