@@ -13,6 +13,15 @@ from typing import Any
 
 RUNNER = "vllm/v1/worker/gpu_model_runner.py"
 
+# (tokens scheduled per request, drafts per request index, K). Every request verifying K drafts: the FULL
+# graph of uniform decode batches, as the releases do.
+VERIFY_BATCHES = [([4] * 8, {i: 3 for i in range(8)}, 3), ([9, 9], {0: 8, 1: 8}, 8)]
+# The shape of a verify batch with a prompt chunk of 1 + K tokens in it (a short prompt, a chunked
+# prompt's tail, a recomputation after preemption), or a row with fewer drafts: a mixed batch.
+PROMPT_CHUNK_BATCHES = [([4] * 8, {i: 3 for i in range(7)}, 3), ([4], {}, 3), ([4, 4], {0: 3, 1: 2}, 3)]
+# Rows of different lengths: not uniform either way.
+OTHER_SHAPES = [([4, 2], {0: 3, 1: 1}, 3)]
+
 
 def function(tree: ast.AST, name: str) -> ast.FunctionDef:
     for node in ast.walk(tree):

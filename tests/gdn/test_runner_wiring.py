@@ -193,20 +193,17 @@ def uniform_dispatch(runner_source):
 
 
 def test_verify_batches_replay_the_uniform_decode_graph(uniform_dispatch):
-    """Every request verifying K drafts: the FULL graph of uniform decode batches (as the release does)."""
-    assert replays_verify_graph(uniform_dispatch, [4] * 8, {i: 3 for i in range(8)})
-    assert replays_verify_graph(uniform_dispatch, [9, 9], {0: 8, 1: 8}, k=8)
+    for scheduled, drafts, k in verify_dispatch.VERIFY_BATCHES:
+        assert replays_verify_graph(uniform_dispatch, scheduled, drafts, k)
 
 
 def test_a_prompt_chunk_of_the_verify_shape_is_a_mixed_batch(uniform_dispatch):
-    """Seven verify rows and a prompt chunk of 1 + K tokens (a short prompt, a chunked prompt's tail, a
-    recomputation after preemption): the shape of a verify batch, dispatched as a mixed batch."""
-    assert not replays_verify_graph(uniform_dispatch, [4] * 8, {i: 3 for i in range(7)})
-    assert not replays_verify_graph(uniform_dispatch, [4], {})
-    assert not replays_verify_graph(uniform_dispatch, [4, 4], {0: 3, 1: 2})
+    for scheduled, drafts, k in verify_dispatch.PROMPT_CHUNK_BATCHES:
+        assert not replays_verify_graph(uniform_dispatch, scheduled, drafts, k), (scheduled, drafts)
 
 
 def test_batches_of_other_shapes_are_left_to_the_release(uniform_dispatch):
-    """A batch whose rows differ in length is not uniform either way; without drafts nothing changes."""
-    assert not replays_verify_graph(uniform_dispatch, [4, 2], {0: 3, 1: 1})
+    """Not uniform either way; without drafts nothing is forced."""
+    for scheduled, drafts, k in verify_dispatch.OTHER_SHAPES:
+        assert not replays_verify_graph(uniform_dispatch, scheduled, drafts, k)
     assert verify_dispatch.forced_without_spec(uniform_dispatch) is None
