@@ -154,19 +154,19 @@ def _turboquant_llama_workarounds() -> tuple[Scenario, ...]:
     )
 
 
-def _gdn_ngram(k: int, name: str, dtype: str | None = None) -> Scenario:
+def _gdn_ngram(k: int, name: str, dtype: str | None = None, model: ModelSpec = QWEN3_NEXT12) -> Scenario:
     """Speculative vs plain decoding on the hybrid model. With dtype="float16" (10 mantissa bits against
     bfloat16's 7) the decode-vs-prefill rounding noise, and with it the teacher oracle's tolerance, is
     about 8 times smaller."""
-    vocab = QWEN3_NEXT12.config["vocab_size"]
+    vocab = model.config["vocab_size"]
     workloads = (Workload("single", prompts(vocab)[:1], max_tokens=96), Workload("mixed4", prompts(vocab)))
     small_steps: dict[str, Any] = {"max_num_batched_tokens": 64, **({"dtype": dtype} if dtype else {})}
     return Scenario(
         name=name,
         title=f"Qwen3-Next hybrid (GDN + attention), {dtype or 'bfloat16'}, ngram k={k} vs no speculation, "
               "batch of 1 and mixed batch of 4",
-        test=_engine(QWEN3_NEXT12, workloads, score=True, speculative_config=ngram(k), **small_steps),
-        reference=_engine(QWEN3_NEXT12, workloads, score=True, **small_steps),
+        test=_engine(model, workloads, score=True, speculative_config=ngram(k), **small_steps),
+        reference=_engine(model, workloads, score=True, **small_steps),
         unpatched="runs, but emits tokens that are not the greedy choice after an accepted draft (GDN state)",
         fixed_by=("0004", "0005", "0006"),
         oracle="teacher",
@@ -311,6 +311,10 @@ PROBES: tuple[Scenario, ...] = (
     _probe(_preemption("mtp"), "noblocks", "a KV cache that holds every request: no preemption",
            num_gpu_blocks_override=None),
     _probe(_preemption("mtp"), "nographs", "no CUDA graphs", compilation_config={"cudagraph_mode": "NONE"}),
+    # Every expert on every token: no router whose near-ties rounding can flip (c-gdn-ngram3-fp16 on 0.33).
+    replace(_gdn_ngram(3, "x-gdn-ngram3-fp16-dense", dtype="float16", model=QWEN3_NEXT12_DENSE_MTP),
+            title="Qwen3-Next hybrid with every expert routed, float16, ngram k=3 vs no speculation (probe)",
+            unpatched="", fixed_by=()),
     _single_probe("hybrid-tq", "Qwen3-Next hybrid, TurboQuant k8v4", QWEN3_NEXT12_MTP,
                   kv_cache_dtype="turboquant_k8v4"),
     _single_probe("hybrid-notq", "Qwen3-Next hybrid, bfloat16 KV cache", QWEN3_NEXT12_MTP),
