@@ -92,3 +92,19 @@ def forced_without_spec(dispatch: tuple[CodeType, dict[str, Any]]) -> bool | Non
                  max_num_scheduled_tokens=1, num_reqs=1)
     exec(block, {}, scope)
     return scope["force_uniform_decode"]
+
+
+def assert_verify_batches_replay(dispatch: tuple[CodeType, dict[str, Any]]) -> None:
+    for scheduled, drafts, k in VERIFY_BATCHES:
+        assert replays_verify_graph(dispatch, scheduled, drafts, k), (scheduled, drafts)
+
+
+def assert_prompt_chunks_are_mixed(dispatch: tuple[CodeType, dict[str, Any]]) -> None:
+    for scheduled, drafts, k in PROMPT_CHUNK_BATCHES:
+        assert not replays_verify_graph(dispatch, scheduled, drafts, k), (scheduled, drafts)
+
+
+def assert_other_shapes_left_alone(dispatch: tuple[CodeType, dict[str, Any]]) -> None:
+    for scheduled, drafts, k in OTHER_SHAPES:
+        assert not replays_verify_graph(dispatch, scheduled, drafts, k), (scheduled, drafts)
+    assert forced_without_spec(dispatch) is None

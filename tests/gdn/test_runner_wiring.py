@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import verify_dispatch
-from verify_dispatch import RUNNER, function, replays_verify_graph
+from verify_dispatch import RUNNER, function
 
 METHODS = ["ngram", "mtp", "eagle", "eagle3", "draft_model", "suffix"]
 
@@ -193,17 +193,12 @@ def uniform_dispatch(runner_source):
 
 
 def test_verify_batches_replay_the_uniform_decode_graph(uniform_dispatch):
-    for scheduled, drafts, k in verify_dispatch.VERIFY_BATCHES:
-        assert replays_verify_graph(uniform_dispatch, scheduled, drafts, k)
+    verify_dispatch.assert_verify_batches_replay(uniform_dispatch)
 
 
 def test_a_prompt_chunk_of_the_verify_shape_is_a_mixed_batch(uniform_dispatch):
-    for scheduled, drafts, k in verify_dispatch.PROMPT_CHUNK_BATCHES:
-        assert not replays_verify_graph(uniform_dispatch, scheduled, drafts, k), (scheduled, drafts)
+    verify_dispatch.assert_prompt_chunks_are_mixed(uniform_dispatch)
 
 
 def test_batches_of_other_shapes_are_left_to_the_release(uniform_dispatch):
-    """Not uniform either way; without drafts nothing is forced."""
-    for scheduled, drafts, k in verify_dispatch.OTHER_SHAPES:
-        assert not replays_verify_graph(uniform_dispatch, scheduled, drafts, k)
-    assert verify_dispatch.forced_without_spec(uniform_dispatch) is None
+    verify_dispatch.assert_other_shapes_left_alone(uniform_dispatch)

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 import verify_dispatch
-from verify_dispatch import replays_verify_graph
 
 
 @pytest.fixture(scope="module")
@@ -23,16 +22,12 @@ def uniform_dispatch(v033_tree: Path):
 def test_verify_batches_replay_the_uniform_decode_graph(uniform_dispatch):
     """A one-token remote prompt tail that 0.33's scheduler pads with K placeholder drafts is a verify row
     too: its drafts are scheduled, and the Mamba/GDN builder runs it as a speculative step."""
-    for scheduled, drafts, k in verify_dispatch.VERIFY_BATCHES:
-        assert replays_verify_graph(uniform_dispatch, scheduled, drafts, k)
+    verify_dispatch.assert_verify_batches_replay(uniform_dispatch)
 
 
 def test_a_prompt_chunk_of_the_verify_shape_is_a_mixed_batch(uniform_dispatch):
-    for scheduled, drafts, k in verify_dispatch.PROMPT_CHUNK_BATCHES:
-        assert not replays_verify_graph(uniform_dispatch, scheduled, drafts, k), (scheduled, drafts)
+    verify_dispatch.assert_prompt_chunks_are_mixed(uniform_dispatch)
 
 
 def test_batches_of_other_shapes_are_left_to_the_release(uniform_dispatch):
-    for scheduled, drafts, k in verify_dispatch.OTHER_SHAPES:
-        assert not replays_verify_graph(uniform_dispatch, scheduled, drafts, k)
-    assert verify_dispatch.forced_without_spec(uniform_dispatch) is None
+    verify_dispatch.assert_other_shapes_left_alone(uniform_dispatch)
