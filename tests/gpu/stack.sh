@@ -123,6 +123,8 @@ stack_env() {
     if ! grep -q '"cudnn_travels": true' "$dir/prefix/manifest.json"; then
         echo "export PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK=1"
     fi
+    # The release's sampler imports FlashInfer, which the stack does not carry, unless told not to.
+    echo "export VLLM_USE_FLASHINFER_SAMPLER=0"
 }
 
 run() {
@@ -184,8 +186,6 @@ scenarios() {
     series=$(series_dir "$line") || exit 2
     version=$(pin_version "$series") || exit 2
     eval "$(stack_env "$line")"
-    # The release's sampler imports FlashInfer, which the stack does not carry, unless told not to.
-    export VLLM_USE_FLASHINFER_SAMPLER=0
     if [ "${VP_RUNNER:-v2}" = v1 ]; then
         export VLLM_USE_V2_MODEL_RUNNER=0
         suffix=-v1
@@ -224,7 +224,6 @@ bench() {
     name=$(stack_name "$line") || exit 2
     tag=$(echo "$name $*" | tr -c 'A-Za-z0-9.\n' - | tr -s - | sed 's/-$//')
     eval "$(stack_env "$line")"
-    export VLLM_USE_FLASHINFER_SAMPLER=0
     mkdir -p "$report"
     cd "$ROOT"
     "$PY" benchmarks/bench_spec_e2e.py --tree "unpatched=$dir/trees/unpatched" --tree "patched=$dir/trees/patched" \
