@@ -136,6 +136,8 @@ def _turboquant_llama_workarounds() -> tuple[Scenario, ...]:
     kv = {"kv_cache_dtype": "turboquant_k8v4"}
     spec = {**kv, "speculative_config": ngram(3)}
     piecewise = {"compilation_config": {"cudagraph_mode": "PIECEWISE"}}
+    # The forced decode runs without async scheduling: the forcing reads each request's output so far.
+    forced_plain = {**kv, **NO_GRAPHS, "async_scheduling": False}
     return (
         Scenario(
             name="a-tq-k8v4-ngram3-piecewise",
@@ -144,12 +146,19 @@ def _turboquant_llama_workarounds() -> tuple[Scenario, ...]:
             reference=_engine(LLAMA6, batch, **NO_GRAPHS, **spec),
             unpatched="runs: attention stays out of the graphs",
         ),
+        # Judged by the forced oracle: FULL graphs and eager decodes of a TurboQuant cache round
+        # differently (0.33.0's release and line both left one prompt at token 22 under exact
+        # comparison), so exact tokens cannot tell a flipped near-tie from a wrong decode.
         Scenario(
             name="e-tq-k8v4-decode-graphs",
-            title="Llama 6 layers, TurboQuant k8v4 without speculation, FULL_AND_PIECEWISE graphs vs no graphs",
+            title="Llama 6 layers, TurboQuant k8v4 without speculation, FULL_AND_PIECEWISE graphs vs a "
+                  "no-graphs decode forced along the same tokens",
             test=_engine(LLAMA6, batch, **kv),
-            reference=_engine(LLAMA6, batch, **NO_GRAPHS, **kv),
+            reference=replace(_engine(LLAMA6, batch, **forced_plain), force=True),
+            # Other batching: one request at a time.
+            calibration=_engine(LLAMA6, batch, max_num_seqs=1, **forced_plain),
             unpatched="runs: single-token decodes are captured in FULL graphs",
+            oracle="forced",
         ),
     )
 
