@@ -106,3 +106,26 @@ def test_dry_run_with_commit_writes_no_git_object(checkout, two_patch_series):
     objects = git(checkout, "count-objects", "-v")
     operations.apply(CheckoutTarget(checkout), load_series(two_patch_series), commit_each=True, dry_run=True)
     assert git(checkout, "count-objects", "-v") == objects
+
+
+def test_force_overrides_a_pin_mismatch_but_not_a_git_failure(checkout, two_patch_series, monkeypatch):
+    """--force goes on past a pin mismatch only: git failing while it compares HEAD with the pinned
+    tag (a repository it cannot read; simulated, as git reports most damage as "not an ancestor")
+    stops the run with the target unchanged."""
+    import git as gitpython
+
+    series = load_series(two_patch_series)
+    git(checkout, "commit", "-q", "--allow-empty", "-m", "on top of the tag")
+
+    def unreadable(self, ancestor, rev):
+        raise gitpython.GitCommandError(["git", "merge-base", "--is-ancestor"], 128, b"fatal: bad object")
+
+    before = snapshot(checkout)
+    with monkeypatch.context() as m:
+        m.setattr(gitpython.Repo, "is_ancestor", unreadable)
+        with pytest.raises(TargetError, match="git could not compare HEAD with v0.20.0.*bad object"):
+            operations.apply(CheckoutTarget(checkout), series, force=True)
+    assert snapshot(checkout) == before
+    git(checkout, "tag", "-d", "v0.20.0")  # now a pin mismatch, which --force overrides
+    out = operations.apply(CheckoutTarget(checkout), series, force=True)
+    assert out.ok and any(n.startswith("--force: ") and "neither tag v0.20.0" in n for n in out.notes)

@@ -88,6 +88,18 @@ def test_file_edited_by_another_tool_is_refused(site, two_patch_series):
     assert snapshot(site) == before
 
 
+def test_every_file_unlike_its_record_is_named_at_once(site, two_patch_series):
+    for rel in ("vllm/a.py", "vllm/b.py"):
+        (site / rel).write_bytes((site / rel).read_bytes() + b"# monkey\n")
+    (site / "vllm/new_kernel.py").write_bytes(b"KERNEL = 1\n")
+    before = snapshot(site)
+    with pytest.raises(TargetError) as raised:
+        operations.apply(SitePackagesTarget(site), load_series(two_patch_series))
+    assert "vllm/a.py, vllm/b.py differ from" in raised.value.message
+    assert "vllm/new_kernel.py exists but not in" in raised.value.message
+    assert snapshot(site) == before
+
+
 def test_unrecorded_file_in_the_way_is_refused(site, two_patch_series):
     (site / "vllm/new_kernel.py").write_bytes(b"KERNEL = 1\n")
     with pytest.raises(TargetError, match="not in .*RECORD"):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .engine.analysis import Analysis, Contents, analyze, created_modes, touched
 from .engine.patchfile import Patch
-from .errors import PatchFailed
+from .errors import PatchFailed, PinMismatch
 from .infrastructure.locking import target_lock
 from .series import Series, load_series
 from .targets.base import Found, Target
@@ -50,8 +50,8 @@ def _identify(target: Target, series: Series, force: bool, notes: list[str]) -> 
         found = target.found()
         try:
             target.check_pin(series.pin)
-        except Exception as exc:  # noqa: BLE001 - reported, then overridden by --force
-            notes.append(f"--force: {getattr(exc, 'message', exc)}")
+        except PinMismatch as exc:  # reported, then overridden; any other failure still stops the run
+            notes.append(f"--force: {exc.message}")
         return found
     return target.check_pin(series.pin)
 

@@ -69,7 +69,11 @@ class CheckoutTarget(Target):
         if base is None:
             raise PinMismatch(f"{self.root}: neither tag {pin.tag} nor commit {pin.commit[:9]} exists; "
                               f"HEAD is {head[:12]}; fetch the tag, rebase the series, or pass --force")
-        if base != head and not self.repo.is_ancestor(base, head):
+        try:
+            descends = base == head or self.repo.is_ancestor(base, head)
+        except git.GitCommandError as exc:
+            raise TargetError(f"git could not compare HEAD with {pin.tag} in {self.root}: {_stderr(exc)}") from None
+        if not descends:
             raise PinMismatch(f"{self.root}: HEAD {head[:12]} is not {pin.tag} ({base[:12]}) nor "
                               "a descendant of it; check out the tag, rebase the series, or pass --force")
         return found

@@ -127,22 +127,34 @@ class SitePackagesTarget(Target):
         return None if state is None else state.parsed_patches(self.state_path)
 
     def verify_before_write(self, paths: list[str], contents: Contents, analysis: Analysis) -> None:
+        """Every touched file must be as RECORD has it. All problems are named at once, so that one
+        reinstall (or one revert of another tool) clears them, not one run per file."""
         lines = record.parse_lines(self._record_text()).lines
         known = record.entries(lines, paths, self.record_path)
+        unrecorded, missing, edited = [], [], []
         for rel in paths:
             data = contents.get(rel)
             if rel not in known:
                 if data is not None:
-                    raise TargetError(f"{rel} exists but is not in {self.record_path}: "
-                                      "something other than pip or vllm-patch put it there")
+                    unrecorded.append(rel)
                 continue
             entry = known[rel][1]
             if data is None:
-                raise TargetError(f"{rel} is listed in {self.record_path} but missing; "
-                                  "reinstall vLLM")
-            if entry.hash_ is not None and not record.matches(entry, data):
-                raise TargetError(f"{rel} differs from {self.record_path}: another tool edited it; "
-                                  "reinstall vLLM (or revert that tool) first")
+                missing.append(rel)
+            elif entry.hash_ is not None and not record.matches(entry, data):
+                edited.append(rel)
+        problems = []
+        if edited:
+            problems.append(f"{', '.join(edited)} {_verb(edited, 'differs', 'differ')} from {self.record_path}: "
+                            "another tool edited it; reinstall vLLM (or revert that tool) first")
+        if missing:
+            problems.append(f"{', '.join(missing)} {_verb(missing, 'is', 'are')} listed in {self.record_path} "
+                            "but missing; reinstall vLLM")
+        if unrecorded:
+            problems.append(f"{', '.join(unrecorded)} {_verb(unrecorded, 'exists', 'exist')} but not in "
+                            f"{self.record_path}: something other than pip or vllm-patch put it there")
+        if problems:
+            raise TargetError("; and ".join(problems))
 
     def integrity(self, paths: list[str], full: bool) -> list[str]:
         lines = record.parse_lines(self._record_text()).lines
@@ -232,3 +244,7 @@ class SitePackagesTarget(Target):
             if line.startswith(self.record_path + ","):
                 return i
         return len(lines)
+
+
+def _verb(paths: list[str], one: str, many: str) -> str:
+    return one if len(paths) == 1 else many
