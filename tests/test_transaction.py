@@ -25,6 +25,32 @@ def test_commit_writes_creates_and_deletes(tmp_path):
     assert not (tmp_path / ".journal").exists()
 
 
+def test_renames_and_deletions_are_durable_before_the_journal_goes(tmp_path, monkeypatch):
+    """A file's fsync does not cover its name: each changed file's folder (for a pruned folder, the
+    one that remains) is synced before the journal file, the commit point, is removed."""
+    (tmp_path / "a").write_bytes(b"old")
+    (tmp_path / "p/q").mkdir(parents=True)
+    (tmp_path / "p/q/gone").write_bytes(b"x")
+    events: list[tuple[str, str]] = []
+    fsync, unlink = os.fsync, os.unlink
+
+    def recording_fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return fsync(fd)
+
+    def recording_unlink(path, *args, **kwargs):
+        events.append(("unlink", str(path)))
+        return unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(os, "unlink", recording_unlink)
+    commit(journal(tmp_path), {"a": b"new", "d/e/new": b"n", "p/q/gone": None})
+    assert not (tmp_path / "p").exists()
+    closed = events.index(("unlink", str(tmp_path / ".journal/journal.json")))
+    synced = {path for what, path in events[:closed] if what == "fsync"}
+    assert {str(tmp_path), str(tmp_path / "d/e")} <= synced
+
+
 def test_commit_keeps_file_modes(tmp_path):
     (tmp_path / "x.sh").write_bytes(b"old")
     os.chmod(tmp_path / "x.sh", 0o755)

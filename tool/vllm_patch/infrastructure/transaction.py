@@ -238,13 +238,30 @@ def commit(journal: Journal, changes: Mapping[str, bytes | None],
         finally:
             rollback(journal)
         raise
-    _close(journal)
+    _close(journal, entries)
 
 
-def _close(journal: Journal) -> None:
-    """Remove the journal: its file first (the commit point), then the backups."""
+def _sync_parents(root: Path, entries: list[dict]) -> None:
+    """Make the renames, deletions and removed folders of `entries` durable: a file's fsync does not
+    cover its name, so after a power cut the journal could be gone while a rename is not."""
+    folders = set()
+    for entry in entries:
+        parent = (root / entry["path"]).parent
+        while not parent.exists() and parent != root:  # pruned: its nearest remaining ancestor
+            parent = parent.parent
+        folders.add(parent)
+    for folder in sorted(folders):
+        _fsync_dir(folder)
+
+
+def _close(journal: Journal, entries: list[dict]) -> None:
+    """Remove the journal once every change it guards is durable: its file first (the commit
+    point), then the backups."""
+    _sync_parents(journal.root, entries)
     journal.file.unlink()
+    _fsync_dir(journal.directory)
     shutil.rmtree(journal.directory)
+    _fsync_dir(journal.directory.parent)
 
 
 def _prune(root: Path, entries: list[dict]) -> None:
@@ -286,7 +303,7 @@ def rollback(journal: Journal) -> None:
                 (journal.root / d).rmdir()
             except OSError:
                 pass
-    _close(journal)
+    _close(journal, data["entries"])
 
 
 def recover(journal: Journal, finish: Callable[[dict], None] | None = None,
@@ -310,7 +327,7 @@ def recover(journal: Journal, finish: Callable[[dict], None] | None = None,
         _prune(journal.root, data["entries"])
         if finish is not None:
             finish(data.get("extra", {}))
-        _close(journal)
+        _close(journal, data["entries"])
         return f"completed an interrupted run ({len(data['entries'])} files were already written)"
     if undo is not None:
         undo(data.get("extra", {}))
