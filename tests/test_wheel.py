@@ -28,6 +28,19 @@ def make_wheel(dest: Path, files: dict[str, bytes], version: str = "0.20.0",
     return path
 
 
+def test_a_file_the_series_creates_gets_its_patch_mode(tmp_path, base_files, two_patch_series):
+    first = sorted((two_patch_series / "patches").glob("0001-*.patch"))[0]
+    text = first.read_bytes()
+    assert b"new file mode 100644" in text
+    first.write_bytes(text.replace(b"new file mode 100644", b"new file mode 100755"))
+    series = load_series(two_patch_series)
+    built = build_wheel(series, make_wheel(tmp_path / "in", base_files), tmp_path / "dist")
+    with zipfile.ZipFile(built.path) as zf:
+        assert zf.getinfo("vllm/new_kernel.py").external_attr >> 16 == 0o100755
+        assert zf.getinfo("vllm/a.py").external_attr >> 16 == zipfile.ZipFile(
+            tmp_path / "in" / "vllm-0.20.0-cp38-abi3-linux_x86_64.whl").getinfo("vllm/a.py").external_attr >> 16
+
+
 def test_pure_helpers():
     assert local_version("0.20.0", "abc123") == "0.20.0+vp.abc123"
     assert output_name("vllm-0.20.0-cp38-abi3-manylinux_2_35_x86_64.whl", "0.20.0+vp.ab") == \

@@ -24,7 +24,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import Version
 
 from ..engine import record
-from ..engine.analysis import Analysis, analyze, touched
+from ..engine.analysis import Analysis, analyze, created_modes, touched
 from ..engine.state import STATE_FILE, AppliedState
 from ..errors import DownloadError, InputError, PatchFailed, PinMismatch
 from ..infrastructure.downloads import file_sha256
@@ -151,7 +151,7 @@ def _build(series: Series, source: Path, src: zipfile.ZipFile, out_dir: Path, na
     final = out_dir / name
     try:
         _write(src, tmp_dir / name, dist_info, new_dist_info, set_metadata_version(meta, version),
-               new_files, lines, at, state)
+               new_files, lines, at, state, created_modes(list(series.patches)))
         os.replace(tmp_dir / name, final)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
@@ -159,8 +159,10 @@ def _build(series: Series, source: Path, src: zipfile.ZipFile, out_dir: Path, na
 
 
 def _write(src: zipfile.ZipFile, path: Path, dist_info: str, new_dist_info: str, metadata: str,
-           new_files: dict[str, bytes | None], lines: list[str], at: dict[str, int], state: bytes | None) -> None:
-    """Write the new wheel and its RECORD (one line per member, written with installer's RecordEntry)."""
+           new_files: dict[str, bytes | None], lines: list[str], at: dict[str, int], state: bytes | None,
+           modes: dict[str, int]) -> None:
+    """Write the new wheel and its RECORD (one line per member, written with installer's RecordEntry).
+    A file the series creates gets the mode its patch gives it (``new file mode``), as on a target."""
     new_files = dict(new_files)
     rows: list[str] = []
     with zipfile.ZipFile(path, "w") as dst:
@@ -191,13 +193,16 @@ def _write(src: zipfile.ZipFile, path: Path, dist_info: str, new_dist_info: str,
         created = {**new_files, f"{new_dist_info}/{STATE_FILE}": state}
         for member, data in created.items():
             if data is not None:
-                put(NEW_MEMBER, member, data)
+                put(_new_member(modes.get(member, 0o644)), member, data)
         rows.append(record.make_line(f"{new_dist_info}/RECORD", None))
-        dst.writestr(_like(NEW_MEMBER, f"{new_dist_info}/RECORD"), "".join(row + "\n" for row in rows))
+        dst.writestr(_like(_new_member(0o644), f"{new_dist_info}/RECORD"), "".join(row + "\n" for row in rows))
 
 
-NEW_MEMBER = zipfile.ZipInfo("new", date_time=(2026, 1, 1, 0, 0, 0))
-NEW_MEMBER.external_attr = 0o100644 << 16
+def _new_member(mode: int) -> zipfile.ZipInfo:
+    """A template for a member the source lacks: a fixed date (reproducible wheels), a regular file."""
+    info = zipfile.ZipInfo("new", date_time=(2026, 1, 1, 0, 0, 0))
+    info.external_attr = (0o100000 | mode) << 16
+    return info
 
 
 def _like(info: zipfile.ZipInfo, name: str) -> zipfile.ZipInfo:
