@@ -146,7 +146,7 @@ class SitePackagesTarget(Target):
         problems = []
         if edited:
             problems.append(f"{', '.join(edited)} {_verb(edited, 'differs', 'differ')} from {self.record_path}: "
-                            "another tool edited it; reinstall vLLM (or revert that tool) first")
+                            "another tool has edited what pip installed; reinstall vLLM (or revert that tool) first")
         if missing:
             problems.append(f"{', '.join(missing)} {_verb(missing, 'is', 'are')} listed in {self.record_path} "
                             "but missing; reinstall vLLM")
