@@ -25,45 +25,34 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1] / "kernels"))  # vllm_tree
 
 from vllm_patch.infrastructure.downloads import pinned_base_tree  # noqa: E402
-from vllm_patch.lines import CURRENT, line_named  # noqa: E402
+from vllm_patch.lines import line_for  # noqa: E402
 from vllm_patch.operations import apply  # noqa: E402
 from vllm_patch.series import Series  # noqa: E402
 from vllm_patch.targets.tree import TreeTarget  # noqa: E402
 from vllm_trees import PROJECT, tree_from_env  # noqa: E402
 
-LINE = CURRENT
 VERSION = "0.33.0"
-
-
-def line_series() -> Series:
-    """The series of LINE, which must be pinned to VERSION (these tests read 0.33.0's files)."""
-    series = line_named(PROJECT, LINE).load()
-    if series.pin.version != VERSION:
-        raise pytest.UsageError(f"tests/lines/v0_33 test vLLM {VERSION}, but line {LINE} is pinned to "
-                                f"{series.pin.version}: point LINE at the line pinned to {VERSION}")
-    return series
 
 
 @pytest.fixture(scope="session")
 def v033_series() -> Series:
-    """The line's series."""
-    return line_series()
+    """The series of the line pinned to VERSION (these tests read 0.33.0's files), wherever it lives."""
+    return line_for(PROJECT, VERSION).load()
 
 
 @pytest.fixture(scope="session")
-def v033_pristine_tree() -> Path:
+def v033_pristine_tree(v033_series: Series) -> Path:
     """$VLLM_PATCH_V033_PRISTINE_TREE, else the line's pinned sdist."""
-    return tree_from_env("VLLM_PATCH_V033_PRISTINE_TREE") or \
-        pinned_base_tree(line_series().pin, quiet=True)
+    return tree_from_env("VLLM_PATCH_V033_PRISTINE_TREE") or pinned_base_tree(v033_series.pin, quiet=True)
 
 
 @pytest.fixture(scope="session")
-def v033_tree(v033_pristine_tree: Path, tmp_path_factory) -> Path:
+def v033_tree(v033_pristine_tree: Path, v033_series: Series, tmp_path_factory) -> Path:
     """$VLLM_PATCH_V033_TREE, else a copy of the release's vllm/ with the line applied (all or nothing)."""
     chosen = tree_from_env("VLLM_PATCH_V033_TREE")
     if chosen is not None:
         return chosen
     dest = tmp_path_factory.mktemp("v033-patched")
     shutil.copytree(v033_pristine_tree / "vllm", dest / "vllm", ignore=shutil.ignore_patterns("__pycache__"))
-    apply(TreeTarget(dest), line_series())
+    apply(TreeTarget(dest), v033_series)
     return dest
