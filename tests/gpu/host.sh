@@ -35,6 +35,8 @@ export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$VP_HOME/work/cache/triton}
 export VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-$VP_HOME/work/cache/vllm}
 
 die() { echo "host.sh: $*" >&2; exit 2; }
+# shellcheck source=tests/gpu/lib.sh
+. "$ROOT/tests/gpu/lib.sh"
 
 stage() {
     mkdir -p "$VP_HOME/parts"
@@ -78,7 +80,7 @@ EOF
     fi
     # The patched tree is made anew whenever the line's series changed.
     local digest
-    digest=$(cat "$ROOT/lines/$LINE/series" "$ROOT/lines/$LINE"/patches/*.patch 2>/dev/null | sha256sum | cut -c1-16)
+    digest=$(series_digest "$ROOT/lines/$LINE")
     if [ "$(cat "$VP_HOME/patched/.series" 2>/dev/null)" != "$digest" ]; then
         rm -rf "$VP_HOME/patched"
         cp -a "$VP_HOME/pristine" "$VP_HOME/patched"

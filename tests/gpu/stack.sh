@@ -31,6 +31,8 @@ command -v "$PY" >/dev/null 2>&1 || PY=python3
 PARTS_PY=$ROOT/tests/gpu/stack_parts.py
 
 die() { echo "stack.sh: $*" >&2; exit 2; }
+# shellcheck source=tests/gpu/lib.sh
+. "$ROOT/tests/gpu/lib.sh"
 
 pin_version() { [ -f "$1/series" ] || die "no series in $1"; sed -n 's/^#: version = //p' "$1/series"; }
 
@@ -165,7 +167,7 @@ make_trees_locked() {
     deps=$(tool_deps)
     series=$(series_dir "$line") || exit 2
     tool_name=$(tool_line "$line") || exit 2
-    digest=$(cat "$series/series" "$series"/patches/*.patch | sha256sum | cut -c1-16)
+    digest=$(series_digest "$series")
     [ "$(cat "$trees/.series" 2>/dev/null)" = "$digest" ] && return 0
     rm -rf "$trees" && mkdir -p "$trees"
     for t in unpatched patched; do
