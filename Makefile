@@ -52,10 +52,10 @@ bench: setup ## benchmark check/apply/revert on the real vLLM tree
 	$(BIN)/python benchmarks/bench_core.py
 
 gpu-bundle: setup ## make the offline bundle for a GPU host in .gpu/ (line v0.20: slimmed pinned wheel + the wheels it needs)
-	$(BIN)/python tests/gpu/bundle.py --line v0.20 --out .gpu
+	$(BIN)/python tests/gpu/bundle.py --out .gpu
 
 gpu-kernel-pack: setup ## make the small pack for kernel-level GPU runs in .gpu/kt (line v0.20's sources + patched, no wheel)
-	$(BIN)/python tests/gpu/kernel_pack.py --line v0.20 --out .gpu/kt
+	$(BIN)/python tests/gpu/kernel_pack.py --out .gpu/kt
 
 gpu-stack-bundle: setup ## a release line's own torch/triton/NCCL/vLLM for a GPU host, in .gpu/vX.Y/pNN (LINE=current default)
 	$(BIN)/python tests/gpu/stack_bundle.py --line $(or $(LINE),current) $(STACK_ARGS)

@@ -8,7 +8,7 @@ together with this repository, for hosts reached through a size-limited copy; th
 wheels vLLM and vllm-patch need that a CUDA PyTorch image lacks (cp312, manylinux);
 and a manifest. `tests/gpu/host.sh` assembles and runs it there.
 
-    python tests/gpu/bundle.py --line v0.20 --out .gpu      # parts in .gpu/p1, .gpu/p2, ...
+    python tests/gpu/bundle.py --out .gpu      # parts in .gpu/p1, .gpu/p2, ...
 """
 
 from __future__ import annotations
@@ -29,6 +29,10 @@ sys.path.insert(0, str(PROJECT / "tool"))
 
 from vllm_patch.infrastructure.downloads import fetch  # noqa: E402
 from vllm_patch.lines import line_named  # noqa: E402
+
+# The host's line: its release runs on the host's torch 2.11 and triton 3.6, and VLLM_DEPS are its release's
+# (host.sh names the same line). A line on a newer torch travels in a stack bundle (stack_bundle.py).
+LINE = "v0.20"
 
 # Left out of the wheel: 144 MB of FlashAttention 3 (TurboQuant refuses FA >= 3) and DeepGEMM.
 DROPPED = ("vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so", "vllm/third_party/deep_gemm/")
@@ -110,11 +114,9 @@ def download(specs: tuple[str, ...], dest: Path, python: str = "3.12") -> list[s
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=PROJECT / ".gpu")
-    parser.add_argument("--line", default="v0.20", help="the release line whose pinned wheel travels (default v0.20: "
-                        "VLLM_DEPS are 0.20's; a line on a newer torch goes in a stack bundle, stack_bundle.py)")
     args = parser.parse_args()
     out: Path = args.out
-    pin = line_named(PROJECT, args.line).load().pin
+    pin = line_named(PROJECT, LINE).load().pin
     wheel = fetch(pin.wheel)
     if out.exists():
         shutil.rmtree(out)

@@ -7,7 +7,7 @@ few wheels vllm-patch imports there and pytest-xdist (a full kernel matrix compi
 in parallel, minutes instead of tens of minutes). About 6 MiB of trees and 1 MiB of
 wheels; ``tests/gpu/host.sh kernel-pack DIR CMD...`` unpacks it and runs CMD with the trees named.
 
-    python tests/gpu/kernel_pack.py --line v0.20 --out .gpu/kt
+    python tests/gpu/kernel_pack.py --out .gpu/kt
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ PROJECT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(PROJECT / "tool"))
 sys.path.insert(0, str(Path(__file__).parent))
 
-from bundle import TOOL_DEPS, download  # noqa: E402
+from bundle import LINE, TOOL_DEPS, download  # noqa: E402
 from vllm_patch.infrastructure.downloads import pinned_base_tree  # noqa: E402
 from vllm_patch.lines import line_named  # noqa: E402
 from vllm_patch.operations import apply  # noqa: E402
@@ -43,9 +43,8 @@ def sources(src: Path, dest: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=PROJECT / ".gpu" / "kt")
-    parser.add_argument("--line", default="v0.20", help="the release line (default v0.20)")
     args = parser.parse_args()
-    series = line_named(PROJECT, args.line).load()
+    series = line_named(PROJECT, LINE).load()
     base = pinned_base_tree(series.pin, quiet=True)
     if args.out.exists():
         shutil.rmtree(args.out)
@@ -55,7 +54,7 @@ def main() -> int:
         sources(base, work / "pristine")
         shutil.copytree(base / "vllm", work / "full" / "vllm")
         if not apply(TreeTarget(work / "full"), series).ok:
-            raise SystemExit(f"kernel_pack: line {args.line}'s series does not apply to its pinned release")
+            raise SystemExit(f"kernel_pack: line {LINE}'s series does not apply to its pinned release")
         sources(work / "full", work / "patched")
         with tarfile.open(args.out / "trees.tar.xz", "w:xz") as tar:
             tar.add(work / "pristine", "pristine")
