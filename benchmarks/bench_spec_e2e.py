@@ -167,6 +167,8 @@ def main() -> int:
                         help="hybrid group: add the release in PIECEWISE (the workaround on 0.21 and later, "
                              "which take TurboQuant on hybrids) as the baseline")
     args = parser.parse_args()
+    if args.with_release and args.group != "hybrid":
+        parser.error("--with-release: only the hybrid group has a release baseline to add")
     trees = {label: Path(path) for label, _, path in (t.partition("=") for t in args.tree)}
     rows, baseline = configurations(args.group, args.context, args.with_release)
     if args.only:
