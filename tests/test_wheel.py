@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -190,3 +192,37 @@ def test_apply_on_an_installed_patched_wheel_changes_nothing(tmp_path, base_file
         assert (site / rel).read_bytes() == base_files[rel]
     assert not (site / "vllm/new_kernel.py").exists()
     assert SitePackagesTarget(site).integrity([], full=True) == []
+
+
+def _flag_encrypted(path: Path, member: str) -> None:
+    """Set the 'encrypted' flag bit of `member` in its local header and central directory entry,
+    as a zip tool that encrypts it would (the data stays as it was: the flag alone must be refused)."""
+    data = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as zf:
+        info = zf.getinfo(member)
+        central = zf.start_dir
+    local = info.header_offset
+    assert data[local:local + 4] == b"PK\x03\x04"
+    data[local + 6] |= 0x01
+    name = member.encode()
+    entry = data.index(b"PK\x01\x02", central)
+    while data[entry + 46:entry + 46 + len(name)] != name:
+        entry = data.index(b"PK\x01\x02", entry + 4)
+    data[entry + 8] |= 0x01
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("member", ["vllm/c.py", "vllm/b.py"], ids=["untouched", "patched"])
+@pytest.mark.parametrize("pinned", [True, False], ids=["pinned", "unpinned"])
+def test_encrypted_member_is_refused(tmp_path, base_files, two_patch_series, member, pinned):
+    source = make_wheel(tmp_path / "in", {**base_files, "vllm/c.py": b"X = 1\n"})
+    _flag_encrypted(source, member)
+    with zipfile.ZipFile(source) as zf:
+        assert zf.getinfo(member).flag_bits & 0x01
+    series = load_series(two_patch_series)
+    if pinned:  # the pin names this very file: its members are copied without reading them
+        series = replace(series, pin=replace(series.pin, wheel=replace(
+            series.pin.wheel, filename=source.name, sha256=hashlib.sha256(source.read_bytes()).hexdigest())))
+    with pytest.raises(InputError, match=f"{member}.* encrypted"):
+        build_wheel(series, source, tmp_path / "dist")
+    assert out_is_empty(tmp_path / "dist")

@@ -13,11 +13,20 @@ import zipfile
 
 LOCAL_HEADER = struct.Struct("<4s5H3L2H")
 CHUNK = 1 << 20
+ENCRYPTED = 0x01
+DATA_DESCRIPTOR = 0x08
+
+
+def encrypted_members(zf: zipfile.ZipFile) -> list[str]:
+    """Members flagged as encrypted. A wheel never has any: a raw copy would pass the ciphertext
+    on unread, and zipfile cannot read them without a password."""
+    return [info.filename for info in zf.infolist() if info.flag_bits & ENCRYPTED]
 
 
 def can_copy_raw(info: zipfile.ZipInfo) -> bool:
-    """Members with a trailing data descriptor are rewritten instead (rare in wheels)."""
-    return not info.flag_bits & 0x08
+    """Members with a trailing data descriptor are rewritten instead (rare in wheels); an encrypted one
+    is never copied (the wheel builder refuses it first)."""
+    return not info.flag_bits & (DATA_DESCRIPTOR | ENCRYPTED)
 
 
 def copy_raw(src: zipfile.ZipFile, info: zipfile.ZipInfo, dst: zipfile.ZipFile) -> None:

@@ -29,7 +29,7 @@ from ..engine.state import STATE_FILE, AppliedState
 from ..errors import DownloadError, InputError, PatchFailed, PinMismatch
 from ..infrastructure.downloads import file_sha256
 from ..series import Series
-from .rawzip import can_copy_raw, copy_raw
+from .rawzip import can_copy_raw, copy_raw, encrypted_members
 
 # Members a source wheel may carry that cannot survive a rewrite: signatures of the old RECORD.
 SIGNATURES = ("RECORD.jws", "RECORD.p7s")
@@ -123,6 +123,11 @@ def build_wheel(series: Series, source: Path, out_dir: Path, verified: bool = Fa
 
 def _build(series: Series, source: Path, src: zipfile.ZipFile, out_dir: Path, name: str, version: str,
            notes: list[str], pinned: bool) -> BuiltWheel:
+    encrypted = encrypted_members(src)
+    if encrypted:
+        more = f" (and {len(encrypted) - 1} more)" if len(encrypted) > 1 else ""
+        raise InputError(f"{source.name}: member {encrypted[0]}{more} is encrypted, which no wheel may be; "
+                         "nothing was written")
     dist_info, lines = _read_source(source, src, check_contents=not pinned)
     names = set(src.namelist())
     try:
