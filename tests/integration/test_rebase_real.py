@@ -40,11 +40,13 @@ def test_rebase_to_0_21_clean_merged_upstreamed_conflict_then_continue(rebase_se
     work = Path(data["work_dir"])
     assert "<<<<<<< v0.21.0 (new base)" in (work / CONV).read_text()
 
-    still = run_cli(*s, "rebase", "--continue")
+    # The new pin was looked up when the rebase started: going on needs no index.
+    offline = {"VLLM_PATCH_INDEX_URL": "http://127.0.0.1:9/simple"}
+    still = run_cli(*s, "rebase", "--continue", env=offline)
     assert still.returncode == 2 and "conflict markers remain" in still.stderr
 
     resolve_taking_ours(work)
-    done = run_cli(*s, "rebase", "--continue", "--json")
+    done = run_cli(*s, "rebase", "--continue", "--json", env=offline)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["done"] and result["pin"]["version"] == "0.21.0"
@@ -98,6 +100,30 @@ def test_unknown_tags(rebase_series, tag, message):
 def test_continue_without_a_rebase(rebase_series):
     result = run_cli("--series", str(rebase_series), "rebase", "--continue")
     assert result.returncode == 2 and "no rebase in progress" in result.stderr
+
+
+def test_a_tag_with_no_release_on_the_index_stops_before_any_patch_is_ported(rebase_series, sdist_tree,
+                                                                             tmp_path):
+    from helpers import git
+    repo = tmp_path / "vllm-git"
+    shutil.copytree(sdist_tree, repo, symlinks=True)
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A", "-f")
+    git(repo, "commit", "-q", "-m", "0.20.0")
+    git(repo, "tag", "v0.20.0")
+    # Patch 4 conflicts with this commit: without the lookup first, the rebase would stop there and
+    # ask for a resolution whose --continue could never finish.
+    conv = repo / CONV
+    conv.write_text(conv.read_text().replace("stride_o_token", "stride_out_token"))
+    version = repo / "vllm/_version.py"
+    version.write_text(version.read_text().replace("'0.20.0'", "'0.99.0'").replace("(0, 20, 0)", "(0, 99, 0)"))
+    git(repo, "commit", "-q", "-am", "next")
+    git(repo, "tag", "v0.99.0")
+    before = snapshot(rebase_series)
+    result = run_cli("--series", str(rebase_series), "rebase", "v0.99.0", "--repo", str(repo))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().count("\n") == 0 and "vllm-0.99.0.tar.gz is not on" in result.stderr
+    assert snapshot(rebase_series) == before and not (rebase_series / ".vllm-patch-rebase").exists()
 
 
 def test_rebase_from_a_local_git_checkout(rebase_series, sdist_tree, tmp_path):

@@ -8,8 +8,9 @@ compile with no new undefined names: review it), or ``conflict`` (stop; the
 files wait with conflict markers in a work tree for ``--continue``, ``--skip``
 drops the patch, ``--abort`` forgets the rebase). Files upstream moved are
 followed (git's rename detection in the cache repository); a file upstream
-deleted is a conflict. The series and the patches are written only when every
-patch is through, in one journaled step.
+deleted is a conflict. The new pin comes from the index before any patch is
+ported, and is kept with a stopped rebase. The series and the patches are
+written only when every patch is through, in one journaled step.
 """
 
 from __future__ import annotations
@@ -285,6 +286,14 @@ class SavedState:
     conflict_files: list[str]
     moves: dict = field(default_factory=dict)
     drops: dict[str, str] = field(default_factory=dict)
+    # The new pin, looked up on the index when the rebase starts (None in a state written before it was
+    # kept here: then it is looked up at the end).
+    pin: dict | None = None
+    pin_notes: list[str] = field(default_factory=list)
+
+
+def _pin_from(data: dict) -> Pin:
+    return Pin(data["version"], data["tag"], data["commit"], Artifact(**data["sdist"]), Artifact(**data["wheel"]))
 
 
 def _outcome(data: dict) -> PatchOutcome:
@@ -312,9 +321,14 @@ class Rebaser:
         unknown = [n for n in drops or {} if n not in self.series.names]
         if unknown:
             raise InputError(f"--drop {unknown[0]}: no such patch in the series")
+        # The index first: a release it does not have stops here, before any patch is ported or resolved,
+        # and a stopped rebase goes on without the network.
+        notes: list[str] = []
+        pin = new_pin(tag, new, notes)
         moves = self.cache.renames(old.commit, new.commit, list(self.series.touched_paths()))
         state = SavedState(tag, old.commit, new.commit, new.source, new.version, new.upstream_commit,
-                           self.series.digest, 0, new.commit, [], {}, [], moves.as_dict(), dict(drops or {}))
+                           self.series.digest, 0, new.commit, [], {}, [], moves.as_dict(), dict(drops or {}),
+                           asdict(pin), notes)
         return self._run(state, resolved=None)
 
     def resume(self, allow_new: tuple[str, ...] | list[str] = (), skip: bool = False, drop: str | None = None,
@@ -470,9 +484,12 @@ class Rebaser:
                 texts[patch.name] = text
                 outcome.range_diff = range_diff(patch.raw.decode("utf-8"), text)
             outcomes.append(outcome)
-        tree = UpstreamTree(state.new_commit, state.version, state.upstream_commit, state.source)
-        notes: list[str] = []
-        pin = new_pin(state.tag, tree, notes)
+        if state.pin is not None:
+            pin, notes = _pin_from(state.pin), list(state.pin_notes)
+        else:
+            notes = []
+            pin = new_pin(state.tag, UpstreamTree(state.new_commit, state.version, state.upstream_commit,
+                                                  state.source), notes)
         self._finish(pin, outcomes, texts, pin_comment(self.series.pin, pin, state.source, notes))
         shutil.rmtree(self.state_dir, ignore_errors=True)
         return RebaseResult(state.tag, outcomes, pin, done=True, notes=notes)
