@@ -42,8 +42,10 @@ lint: setup ## ruff and hadolint
 	$(BIN)/ruff check tool tests benchmarks
 	$(BIN)/hadolint --failure-threshold warning Dockerfile
 
-unit: setup ## the fast tests only (no download)
-	$(BIN)/pytest -q -m "not integration"
+# An empty cache and an index nobody answers: a fast test that reaches for the network fails.
+unit: setup ## the fast tests only (no download: checked, with an empty cache and no index)
+	@cache=$$(mktemp -d) && VLLM_PATCH_CACHE=$$cache VLLM_PATCH_INDEX_URL=http://127.0.0.1:9/simple \
+		$(BIN)/pytest -q -m "not integration" -p no:cacheprovider; rc=$$?; rm -rf "$$cache"; exit $$rc
 
 test: setup lint ## lint, then every test (the real vLLM sdist and wheel are downloaded once and cached)
 	$(BIN)/pytest -q

@@ -15,6 +15,10 @@ from pathlib import Path
 
 import pytest
 
+# Every test reads a real tree, fetched by name at run time (`_tree`), which the collection hook in
+# tests/conftest.py cannot see: so the module says it.
+pytestmark = pytest.mark.integration
+
 BACKEND = "vllm/v1/attention/backends/turboquant_attn.py"
 DECODE = "vllm/v1/attention/ops/triton_turboquant_decode.py"
 ATTENTION_PATHS = ("forward", "_prefill_attention", "_spec_verify_attention", "_decode_attention")
