@@ -296,3 +296,18 @@ def test_tables_show_whole_names_and_paths(tmp_path, base_files):
         assert name in result.stdout, result.stdout
         if args == ["series"]:
             assert deep in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("kind", ["tree", "site-packages"])
+@pytest.mark.parametrize("command", ["apply", "revert"])
+def test_commit_on_a_target_that_is_not_a_checkout_is_refused(tmp_path, tree, base_files, two_patch_series,
+                                                              kind, command):
+    target = tree if kind == "tree" else make_site_packages(tmp_path / "site", base_files)
+    if command == "revert":
+        assert run(two_patch_series, "apply", "--target", str(target)).exit_code == 0
+    before = snapshot(target)
+    result = run(two_patch_series, command, "--target", str(target), "--commit")
+    assert result.exit_code == 2, result.output
+    assert error_lines(result) == [f"error: --commit: {kind} {target} is not a git checkout; only a checkout "
+                                   "records each patch as a commit"]
+    assert snapshot(target) == before

@@ -19,7 +19,7 @@ from .engine.patchfile import Patch
 from .errors import PatchFailed, PinMismatch
 from .infrastructure.locking import target_lock
 from .series import Series, load_series
-from .targets.base import Found, Target
+from .targets.base import Found, Goal, Target
 
 
 @dataclass
@@ -134,7 +134,10 @@ def _write(action: str, target: Target, patches: list[Patch], analysis: Analysis
     target.verify_before_write(paths, contents, analysis)
     if not analysis.consistent:
         raise PatchFailedWith(_fail(outcome))
-    plan = target.plan(analysis, new, patches, keep, commit_each)
+    goal = Goal(analysis, new, patches, keep)
+    plan = target.plan(goal)
+    if commit_each:
+        target.plan_commits(plan, goal)
     plan.modes.update(created_modes(patches if keep else [p.inverted() for p in patches]))
     outcome.changed = sorted(plan.changes)
     if not dry_run:

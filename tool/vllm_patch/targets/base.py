@@ -9,19 +9,33 @@ from ..engine.analysis import Analysis, Contents
 from ..engine.patchfile import Patch
 from ..engine.pin import Pin
 from ..engine.versionfile import VersionInfo, parse_version_file
-from ..errors import PinMismatch
+from ..errors import InputError, PinMismatch
 from ..infrastructure.transaction import Journal, commit, read_files, recover
 
 VERSION_FILE = "vllm/_version.py"
 
 
+@dataclass(frozen=True)
+class Goal:
+    """What a write must leave: the files as `new` has them and the first `keep` of `patches`
+    applied. `analysis` is where the target stands before it."""
+
+    analysis: Analysis
+    new: Contents
+    patches: list[Patch]
+    keep: int
+
+
 @dataclass
 class Plan:
-    """Everything one command will write, computed before any write."""
+    """Everything one command will write, computed before any write. `extra` is journaled with
+    the files (what `finish` and `undo` need); `commits`, a checkout's, are built from their goal
+    when the plan is carried out, so a dry run writes no git object."""
 
     changes: Contents
     modes: dict[str, int] = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
+    commits: Goal | None = None
 
 
 @dataclass
@@ -88,11 +102,15 @@ class Target:
         """Patches the target records as applied, when it keeps such a record."""
         return None
 
-    def plan(self, analysis: Analysis, new: Contents, patches: list[Patch],
-             keep: int, commit_each: bool) -> Plan:
-        """The writes that turn the target into `new`, with `keep` patches applied."""
-        current = self.read(list(new))
-        return Plan({p: d for p, d in new.items() if current.get(p) != d})
+    def plan(self, goal: Goal) -> Plan:
+        """The writes that reach `goal`."""
+        current = self.read(list(goal.new))
+        return Plan({p: d for p, d in goal.new.items() if current.get(p) != d})
+
+    def plan_commits(self, plan: Plan, goal: Goal) -> None:
+        """Make `plan` record each patch as a commit (``--commit``): only a git checkout can."""
+        raise InputError(f"--commit: {self.describe()} is not a git checkout; only a checkout records each "
+                         "patch as a commit")
 
     def verify_before_write(self, paths: list[str], contents: Contents, analysis: Analysis) -> None:
         """Refuse to touch files something else has changed (site-packages checks RECORD)."""

@@ -19,7 +19,7 @@ from ..engine.pin import Pin
 from ..errors import PinMismatch, TargetError
 from ..infrastructure.gitindex import private_index, stage
 from ..infrastructure.transaction import Journal
-from .base import Found, Plan, Target
+from .base import Found, Goal, Plan, Target
 
 
 class CheckoutTarget(Target):
@@ -104,27 +104,24 @@ class CheckoutTarget(Target):
             raise TargetError(f"{self.root}: files the series touches have uncommitted changes "
                               f"({names}); commit or stash them first")
 
-    def plan(self, analysis: Analysis, new: Contents, patches: list[Patch],
-             keep: int, commit_each: bool) -> Plan:
-        plan = super().plan(analysis, new, patches, keep, commit_each)
-        if commit_each and plan.changes:
-            if self.dirty(list(new)):
-                raise TargetError(f"{self.root}: the series is applied in the work tree but not committed; "
-                                  "run without --commit, or commit those changes first")
-            # The commits are built when the plan is carried out, so --dry-run writes no git object.
-            plan.extra = {"old_head": self.head(), "paths": list(plan.changes),
-                          "build": [analysis, patches, keep]}
-        return plan
+    def plan_commits(self, plan: Plan, goal: Goal) -> None:
+        if not plan.changes:
+            return
+        if self.dirty(list(goal.new)):
+            raise TargetError(f"{self.root}: the series is applied in the work tree but not committed; "
+                              "run without --commit, or commit those changes first")
+        plan.extra = {"old_head": self.head(), "paths": list(plan.changes)}
+        plan.commits = goal
 
     def commit(self, plan: Plan) -> None:
-        build = plan.extra.pop("build", None)
-        if build is not None:
-            plan.extra["new_head"] = self._build_commits(*build)
+        if plan.commits is not None:
+            plan.extra["new_head"] = self._build_commits(plan.commits)
         super().commit(plan)
 
-    def _build_commits(self, analysis: Analysis, patches: list[Patch], keep: int) -> str:
+    def _build_commits(self, goal: Goal) -> str:
         """One commit per patch applied (or reverted), in a private index: the work tree
         and the real index are not touched here."""
+        analysis, patches, keep = goal.analysis, goal.patches, goal.keep
         head = self.head()
         if keep >= analysis.applied:
             steps = [(patches[i], analysis.stage(i), "") for i in range(analysis.applied, keep)]

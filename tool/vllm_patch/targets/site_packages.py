@@ -22,7 +22,7 @@ from ..engine.analysis import Analysis, Contents
 from ..engine.patchfile import Patch
 from ..engine.state import STATE_FILE, AppliedState, load
 from ..errors import TargetError
-from .base import Found, Plan, Target
+from .base import Found, Goal, Plan, Target
 
 
 def site_packages_of(python: str) -> Path:
@@ -172,11 +172,10 @@ class SitePackagesTarget(Target):
                 problems.append(f"{rel}: hash differs from RECORD")
         return problems
 
-    def plan(self, analysis: Analysis, new: Contents, patches: list[Patch],
-             keep: int, commit_each: bool) -> Plan:
-        paths = list(new)
+    def plan(self, goal: Goal) -> Plan:
+        paths = list(goal.new)
         current = self.read(paths)
-        changes: Contents = {p: d for p, d in new.items() if current.get(p) != d}
+        changes: Contents = {p: d for p, d in goal.new.items() if current.get(p) != d}
         for rel in list(changes):
             for pyc in pyc_of(self.root, rel):
                 changes[pyc] = None
@@ -188,7 +187,7 @@ class SitePackagesTarget(Target):
         parsed = record.parse_lines(text)
         lines = parsed.lines
         at = record.index(lines)
-        kept = patches[:keep]
+        kept = goal.patches[:goal.keep]
         sources = [rel for rel in changes if not rel.endswith(".pyc")]
         for rel in sources:
             if rel not in originals:
