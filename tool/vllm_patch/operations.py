@@ -68,29 +68,30 @@ def _fail(outcome: Outcome) -> Outcome:
 def status(target: Target, series: Series, full: bool = False, wait: float = 0.0,
            force: bool = True, on_wait: Callable[[], None] | None = None, expect: str | None = None) -> Outcome:
     """Each patch's state, the pin and the target's bookkeeping; writes only to recover.
+    Everything is read under the target's lock, so a run writing it is never seen half done.
     With `expect` ("applied" or "applies") the outcome fails unless every patch is so."""
     with target_lock(target.lock_dir, wait, on_wait):
         recovered = target.recover()
-    notes: list[str] = []
-    found = _identify(target, series, force, notes)
-    patches = list(series.patches)
-    paths = touched(patches)
-    analysis = analyze(patches, target.read(paths))
-    recorded = target.recorded_patches()
-    if recorded is not None and not _same(recorded, patches):
-        old = analyze(recorded, target.read(touched(recorded)))
-        names = ", ".join(p.name for p in recorded) or "none"
-        notes.append(f"the target carries patches from another version of the series ({names}); "
-                     "'apply' replaces them, 'revert' removes them")
-        if not analysis.consistent and old.consistent:
-            analysis, patches = old, recorded
-    outcome = Outcome("status", target.describe(), analysis, patches, found, recovered=recovered,
-                      notes=notes, integrity=target.integrity(paths, full))
-    outcome.ok = analysis.consistent and not outcome.integrity
-    if expect and outcome.ok and outcome.verdict != expect:
-        outcome.ok = False
-        outcome.notes.append(f"expected every patch {expect}, found: {analysis.verdict}")
-    return outcome
+        notes: list[str] = []
+        found = _identify(target, series, force, notes)
+        patches = list(series.patches)
+        paths = touched(patches)
+        analysis = analyze(patches, target.read(paths))
+        recorded = target.recorded_patches()
+        if recorded is not None and not _same(recorded, patches):
+            old = analyze(recorded, target.read(touched(recorded)))
+            names = ", ".join(p.name for p in recorded) or "none"
+            notes.append(f"the target carries patches from another version of the series ({names}); "
+                         "'apply' replaces them, 'revert' removes them")
+            if not analysis.consistent and old.consistent:
+                analysis, patches = old, recorded
+        outcome = Outcome("status", target.describe(), analysis, patches, found, recovered=recovered,
+                          notes=notes, integrity=target.integrity(paths, full))
+        outcome.ok = analysis.consistent and not outcome.integrity
+        if expect and outcome.ok and outcome.verdict != expect:
+            outcome.ok = False
+            outcome.notes.append(f"expected every patch {expect}, found: {analysis.verdict}")
+        return outcome
 
 
 def _plan_forward(target: Target, series: Series, notes: list[str]) -> tuple[Analysis, Contents, list[str], Contents]:
