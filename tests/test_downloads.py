@@ -8,6 +8,7 @@ import io
 import json
 import tarfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -47,7 +48,12 @@ def index(tmp_path, monkeypatch):
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            delay = state.get("chunk_delay")
+            step = 1 << 16 if delay else len(body) or 1
+            for at in range(0, len(body), step):
+                self.wfile.write(body[at:at + step])
+                if delay:
+                    time.sleep(delay)
 
         def log_message(self, *args):
             pass
@@ -111,3 +117,29 @@ def test_indexed_artifact_takes_the_index_hash_and_fetch_checks_the_bytes(index)
     index["payload"] = b"tampered after indexing"
     with pytest.raises(DownloadError, match="does not match"):
         upstream.fetch(artifact, quiet=True)
+
+
+def test_concurrent_fetches_of_one_artifact_both_succeed(index):
+    """Two runs downloading the same file at once (two CI jobs on one cache) must not share a
+    partial file: each writes its own, and the cache ends with the checked bytes."""
+    index["payload"] = index["payload"] + b"\0" * (4 << 20)  # a tar.gz with trailing zeros: still the bytes to check
+    index["indexed"] = hashlib.sha256(index["payload"]).hexdigest()
+    index["chunk_delay"] = 0.002
+    artifact = Artifact("vllm-0.20.0.tar.gz", index["indexed"])
+    results: list[object] = []
+
+    def fetch():
+        try:
+            results.append(upstream.fetch(artifact, quiet=True))
+        except Exception as exc:  # noqa: BLE001 - the test reports whatever a run raised
+            results.append(exc)
+
+    threads = [threading.Thread(target=fetch) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(isinstance(r, Path) for r in results), results
+    assert hashlib.sha256(results[0].read_bytes()).hexdigest() == index["indexed"]
+    assert sorted(p.name for p in results[0].parent.iterdir()) == ["vllm-0.20.0.tar.gz"]
+    assert results[0].stat().st_mode & 0o777 == 0o644

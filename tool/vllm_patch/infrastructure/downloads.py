@@ -83,13 +83,16 @@ def fetch(artifact: Artifact, project: str = "vllm", quiet: bool = False) -> Pat
     if dest.is_file():
         if file_sha256(dest) == artifact.sha256:
             return dest
-        dest.unlink()
+        dest.unlink(missing_ok=True)  # another run may be replacing it right now
     url = find_url(project, artifact)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    part = dest.with_name(dest.name + ".part")
+    # A partial file of its own: two runs filling one cache at once must not write into each other's.
+    fd, name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
+    part = Path(name)
+    os.fchmod(fd, 0o644)  # as open() would make it, not mkstemp's 0600: the image build copies it
     h = hashlib.sha256()
     try:
-        with urllib.request.urlopen(url, timeout=120) as resp, open(part, "wb") as out, \
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=120) as resp, \
                 Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                          TransferSpeedColumn(), disable=quiet, transient=True) as progress:
             total = int(resp.headers.get("Content-Length") or 0) or None
