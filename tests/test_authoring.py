@@ -153,8 +153,8 @@ def test_import_of_a_diff_whose_anchor_is_gone_names_the_nearest_text(tmp_path, 
     result = run(two_patch_series, upstream, "import", str(tmp_path / "pr.diff"), "--subject", "Elsewhere")
     assert result.exit_code == 1, result.output
     (line,) = errors(result)
-    assert "anchor is gone" in line and "starts at line 17" in line
-    assert "line 19 there reads 'line 19' where the diff expects 'line 19 on other sources'" in line
+    assert "anchor not found: the nearest similar text" in line and "starts at line 17" in line
+    assert "line 19 there reads 'line 19' where the hunk expects 'line 19 on other sources'" in line
     assert "more context" not in line and "-U10" not in line
     assert snapshot(two_patch_series) == before
 

@@ -122,7 +122,7 @@ def test_version_and_commit_mismatch(tmp_path, base_files, two_patch_series):
 
 
 def test_conflict_exits_1_and_names_the_hunk(tree, two_patch_series):
-    (tree / "vllm/b.py").write_bytes(b"def f():\n    return 5\n")
+    (tree / "vllm/b.py").write_bytes((tree / "vllm/b.py").read_bytes().replace(b"return 1", b"return 5"))
     before = snapshot(tree)
     result = run(two_patch_series, "apply", "--target", str(tree), "--json")
     assert result.exit_code == 1
@@ -130,6 +130,10 @@ def test_conflict_exits_1_and_names_the_hunk(tree, two_patch_series):
     assert data["verdict"] == "failed" and data["patches"][0]["state"] == "conflict"
     assert any("vllm/b.py hunk 1" in p for p in data["patches"][0]["problems"])
     assert snapshot(tree) == before
+    # The message shows what stands where the anchor was expected.
+    (problem,) = [p for p in data["patches"][0]["problems"] if "vllm/b.py" in p]
+    assert "anchor not found: the nearest similar text" in problem
+    assert "line 2 there reads '    return 5' where the hunk expects '    return 1'" in problem
 
 
 def test_json_and_status_expect(tree, two_patch_series):

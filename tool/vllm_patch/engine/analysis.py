@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..errors import InputError
-from .anchors import find_block, splice
+from .anchors import find_block, splice, why_missing
 from .patchfile import FileDiff, Patch
 
 Lines = list[str]
@@ -41,6 +41,9 @@ class HunkState(str, enum.Enum):
     CONFLICT = "conflict"
 
 
+ANCHOR_NOT_FOUND = "anchor not found"
+
+
 @dataclass(frozen=True)
 class HunkReport:
     """Where a hunk stands: the 1-based lines where its anchor and its result occur."""
@@ -63,8 +66,13 @@ class HunkReport:
                 parts.append("result matches at lines " + ", ".join(map(str, self.result_at)))
             return f"{where}: ambiguous: " + "; ".join(parts)
         if self.state is HunkState.CONFLICT:
-            return f"{where}: conflict: {self.reason or 'anchor not found'}"
+            return f"{where}: conflict: {self.reason or ANCHOR_NOT_FOUND}"
         return f"{where}: {self.state.value}"
+
+    @property
+    def anchor_gone(self) -> bool:
+        """A conflict because the hunk's anchor is nowhere in the file (not a whole-file mismatch)."""
+        return self.state is HunkState.CONFLICT and self.reason.startswith(ANCHOR_NOT_FOUND)
 
 
 @dataclass
@@ -161,8 +169,9 @@ def _classify_file(fd: FileDiff, lines: Lines | None) -> tuple[list[HunkReport],
             state = HunkState.CONFLICT
         else:
             state = HunkState.AMBIGUOUS
+        reason = f"{ANCHOR_NOT_FOUND}: {why_missing(lines, h.pre)}" if state is HunkState.CONFLICT else ""
         reports.append(HunkReport(fd.path, h.index, h.source_start, state,
-                                  _one_based(pre), _one_based(post)))
+                                  _one_based(pre), _one_based(post), reason))
     return reports, lines
 
 

@@ -49,3 +49,21 @@ def nearest_block(lines: Sequence[str], block: Sequence[str], cutoff: float = 0.
         if ratio >= floor and (best is None or ratio > best[1]):
             best = (i, ratio)
     return best
+
+
+def why_missing(lines: Sequence[str], block: Sequence[str]) -> str:
+    """What stands where `block` was expected, for a message: the nearest similar text and its
+    first line that differs from the block, or that there is none."""
+    near = nearest_block(lines, block)
+    if near is None:
+        return f"none of its {len(block)} context and removed lines are there as a block, and no similar text either"
+    at, ratio = near
+    diff = next(((k, line) for k, line in enumerate(lines[at:at + len(block)]) if line != block[k]), None)
+    detail = f"; line {at + 1 + diff[0]} there reads {_shown(diff[1])} where the hunk expects " \
+             f"{_shown(block[diff[0]])}" if diff else ""
+    return f"the nearest similar text ({ratio:.0%} alike) starts at line {at + 1}{detail}"
+
+
+def _shown(line: str, width: int = 100) -> str:
+    text = line.rstrip("\r\n")
+    return repr(text if len(text) <= width else text[:width] + "...")

@@ -13,10 +13,8 @@ from datetime import date
 from email.utils import formatdate
 from pathlib import Path
 
-from ..engine.analysis import Analysis, Contents, HunkReport, HunkState, analyze, decode, touched
-from ..engine.anchors import nearest_block
+from ..engine.analysis import Analysis, Contents, HunkState, analyze, touched
 from ..engine.patchfile import (
-    Hunk,
     Patch,
     check_no_nul,
     check_path,
@@ -162,15 +160,9 @@ class Author:
     def _why_not(self, probe: Patch, analysis: Analysis, before: Contents) -> str:
         """Why an imported diff does not apply, and the way forward for each kind of failure:
         more context helps an ambiguous anchor, never one that is gone."""
-        hunks = {(f.path, h.index): h for f in probe.files for h in f.hunks}
         reports = [h for r in analysis.reports for h in r.hunks]
-        gone, problems = False, []
-        for h in reports:
-            if h.state is HunkState.AMBIGUOUS:
-                problems.append(h.describe())
-            elif h.state is HunkState.CONFLICT:
-                gone = gone or not h.reason
-                problems.append(h.describe() if h.reason else self._gone(h, hunks[(h.path, h.index)], before))
+        problems = [h.describe() for h in reports if h.state in (HunkState.AMBIGUOUS, HunkState.CONFLICT)]
+        gone = any(h.anchor_gone for h in reports)
         if not problems:
             problems = [analysis.reports[0].state.value]
         if gone or not any(h.state is HunkState.AMBIGUOUS for h in reports):
@@ -180,21 +172,6 @@ class Author:
             advice = ("re-export it with more context (git diff -U10), or apply it to a tree by hand and record it "
                       "with 'vllm-patch new --from TREE'")
         return "; ".join(problems) + "; " + advice
-
-    def _gone(self, report: HunkReport, hunk: Hunk, before: Contents) -> str:
-        where = f"{report.path} hunk {report.index} (@@ -{report.hint})"
-        lines = decode(report.path, before.get(report.path)) or []
-        near = nearest_block(lines, hunk.pre)
-        if near is None:
-            return f"{where}: its anchor is gone: none of its {len(hunk.pre)} context and removed lines are there " \
-                   "as a block, and no similar text either"
-        at, ratio = near
-        diff = next(((k, line) for k, line in enumerate(lines[at:at + len(hunk.pre)]) if line != hunk.pre[k]),
-                    None)
-        detail = f"; line {at + 1 + diff[0]} there reads {diff[1].rstrip(chr(10))!r} where the diff expects " \
-                 f"{hunk.pre[diff[0]].rstrip(chr(10))!r}" if diff else ""
-        return f"{where}: its anchor is gone; the nearest similar text ({ratio:.0%} alike) starts at line " \
-               f"{at + 1}{detail}"
 
     def _later_notes(self, index: int, name: str, text: str) -> list[str]:
         patches = list(self.series.patches)
