@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_cli, snapshot
+from helpers import git, run_cli, snapshot
 from realvllm import CONV, make_series, rebase_steps
 
 pytestmark = pytest.mark.integration
@@ -102,15 +102,20 @@ def test_continue_without_a_rebase(rebase_series):
     assert result.returncode == 2 and "no rebase in progress" in result.stderr
 
 
-def test_a_tag_with_no_release_on_the_index_stops_before_any_patch_is_ported(rebase_series, sdist_tree,
-                                                                             tmp_path):
-    from helpers import git
+def checkout_at_0_20(sdist_tree: Path, tmp_path: Path) -> Path:
+    """A git checkout of the 0.20.0 sdist's files, tagged v0.20.0, for rebases with --repo."""
     repo = tmp_path / "vllm-git"
     shutil.copytree(sdist_tree, repo, symlinks=True)
     git(repo, "init", "-q", "-b", "main")
     git(repo, "add", "-A", "-f")
     git(repo, "commit", "-q", "-m", "0.20.0")
     git(repo, "tag", "v0.20.0")
+    return repo
+
+
+def test_a_tag_with_no_release_on_the_index_stops_before_any_patch_is_ported(rebase_series, sdist_tree,
+                                                                             tmp_path):
+    repo = checkout_at_0_20(sdist_tree, tmp_path)
     # Patch 4 conflicts with this commit: without the lookup first, the rebase would stop there and
     # ask for a resolution whose --continue could never finish.
     conv = repo / CONV
@@ -127,13 +132,7 @@ def test_a_tag_with_no_release_on_the_index_stops_before_any_patch_is_ported(reb
 
 
 def test_rebase_from_a_local_git_checkout(rebase_series, sdist_tree, tmp_path):
-    from helpers import git
-    repo = tmp_path / "vllm-git"
-    shutil.copytree(sdist_tree, repo, symlinks=True)
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "add", "-A", "-f")
-    git(repo, "commit", "-q", "-m", "0.20.0")
-    git(repo, "tag", "v0.20.0")
+    repo = checkout_at_0_20(sdist_tree, tmp_path)
     series_file = rebase_series / "series"
     series_file.write_text(series_file.read_text().replace("0004-conv1d-conflict-rebase-test.patch\n", ""))
     # A "next release" that only upstreams patch 3's change.
