@@ -298,10 +298,12 @@ def import_patches(root: Path, source: str, repo: Path | None, header_for: Calla
     import re
 
     from .errors import InputError
-    from .lifecycle.authoring import git_range_diff
+    from .lifecycle.authoring import Author, format_patches
+    from .lifecycle.upstream_trees import UpstreamCache, get_tree
+    from .series import load_series
 
     if repo:
-        mails = [m for m in re.split(r"(?m)^(?=From [0-9a-f]{40} )", git_range_diff(repo, source).decode()) if m]
+        mails = [m for m in re.split(r"(?m)^(?=From [0-9a-f]{40} )", format_patches(repo, source).decode()) if m]
     else:
         path = Path(source)
         if not path.is_file():
@@ -309,10 +311,13 @@ def import_patches(root: Path, source: str, repo: Path | None, header_for: Calla
         mails = [path.read_bytes().decode("utf-8", "surrogateescape")]
     if not mails:
         raise InputError(f"{source} holds no commit")
+    cache = UpstreamCache()
+    base = get_tree(load_series(root).pin.tag, upstream, quiet=quiet, cache=cache)
     for mail in mails:
         header = header_for(len(mails) == 1)
-        yield author(root, upstream, quiet).import_diff(mail.encode("utf-8", "surrogateescape"),
-                                                         header.name or None, header, unique)
+        # The base tree is found once; the series is read again, as each import appends to it.
+        yield Author(root, load_series(root), cache, base.commit).import_diff(
+            mail.encode("utf-8", "surrogateescape"), header.name or None, header, unique)
 
 
 class PatchFailedWith(PatchFailed):

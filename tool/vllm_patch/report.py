@@ -36,6 +36,7 @@ def print_table(table: Table, console: Console) -> None:
 
 
 def outcome_dict(outcome: Outcome) -> dict[str, Any]:
+    """The outcome as ``--json`` prints it: what the table shows, plus each hunk's lines."""
     patches = []
     by_name = {p.name: p for p in outcome.patches}
     for report in outcome.analysis.reports:

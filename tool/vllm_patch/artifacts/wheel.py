@@ -44,6 +44,7 @@ class BuiltWheel:
 
 
 def local_version(pin_version: str, digest: str) -> str:
+    """The patched wheel's version: the release's, with the series digest as a PEP 440 local label."""
     return f"{Version(pin_version).public}+vp.{digest}"
 
 

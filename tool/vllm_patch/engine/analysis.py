@@ -104,6 +104,7 @@ def decode(path: str, data: bytes | None) -> Lines | None:
 
 
 def encode(lines: Lines | None) -> bytes | None:
+    """Lines (terminators kept) back to the bytes they came from; None stays None (no file)."""
     return None if lines is None else "".join(lines).encode("utf-8")
 
 

@@ -39,6 +39,7 @@ class RecordText:
 
 
 def parse_lines(text: str) -> RecordText:
+    """RECORD split into lines, with what `RecordText.text` needs to give the same bytes back."""
     newline = "\r\n" if "\r\n" in text else "\n"
     lines = text.split(newline)
     final = bool(lines) and lines[-1] == ""

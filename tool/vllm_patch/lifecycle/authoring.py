@@ -193,7 +193,7 @@ def trailers(origin: str | None, bug: str | None, forwarded: str | None) -> str:
     return "\n".join(lines)
 
 
-def git_range_diff(repo: Path, commits: str) -> bytes:
+def format_patches(repo: Path, commits: str) -> bytes:
     """``git format-patch --stdout RANGE`` of a local checkout: one mail per commit."""
     proc = subprocess.run(["git", "-C", str(repo), "format-patch", "--stdout", "--no-renames", commits],
                           capture_output=True)
