@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from ..errors import InputError
 from .anchors import find_block, splice, why_missing
-from .patchfile import FileDiff, Patch
+from .patchfile import FileDiff, Patch, split_lines
 
 Lines = list[str]
 Contents = dict[str, "bytes | None"]
@@ -96,11 +96,7 @@ def decode(path: str, data: bytes | None) -> Lines | None:
     except UnicodeDecodeError as exc:
         raise InputError(f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
                          f"{exc.start}); refusing to patch it") from None
-    parts = text.split("\n")
-    lines = [p + "\n" for p in parts[:-1]]
-    if parts[-1]:
-        lines.append(parts[-1])
-    return lines
+    return split_lines(text)
 
 
 def encode(lines: Lines | None) -> bytes | None:
