@@ -147,7 +147,7 @@ class Author:
         analysis = analyze([probe], {p: before.get(p) for p in paths})
         if not analysis.consistent or analysis.applied:
             raise PatchFailed(f"the diff does not apply uniquely on {self.series.pin.tag} plus the series: "
-                              + self._why_not(probe, analysis, before))
+                              + self._why_not(analysis))
         description = "\n\n".join(filter(None, [body.strip(), header.description]))
         name = patch_file_name(name) if name else next_name(self.series, subject)
         author = header.author or decode_header(fields.get("from", "")) or "vllm-patch <vllm-patch@localhost>"
@@ -157,7 +157,7 @@ class Author:
         self._append(name, text)
         return Authored(name, True, text, [])
 
-    def _why_not(self, probe: Patch, analysis: Analysis, before: Contents) -> str:
+    def _why_not(self, analysis: Analysis) -> str:
         """Why an imported diff does not apply, and the way forward for each kind of failure:
         more context helps an ambiguous anchor, never one that is gone."""
         reports = [h for r in analysis.reports for h in r.hunks]
