@@ -28,6 +28,8 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 
+from references import TQLayout
+
 TQ = "vllm/v1/attention/backends/turboquant_attn.py"
 UQ = "vllm/v1/attention/backends/ultraquant_attn.py"
 BACKEND = "vllm/v1/attention/backend.py"
@@ -88,10 +90,28 @@ def mq_stand_in(rec: Recorder) -> ModuleType:
         output[:n] = rec.attend(query, kv_cache, block_table[:b].repeat_interleave(k1, dim=0), lens, scale)
         return output
 
+    def unused(*a, **k):
+        raise AssertionError("the route is decided on a GPU only")
+
     def supports(head_dim: int) -> bool:
         return 16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0
 
-    return _module("mq", triton_turboquant_mq_verify_attention=attention, tq_mq_verify_supports=supports)
+    return _module("mq", triton_turboquant_mq_verify_attention=attention, tq_mq_verify_supports=supports,
+                   tq_mq_device_limits=unused, tq_mq_verify_probe=unused, tq_mq_verify_select=unused)
+
+
+class _Logger(logging.LoggerAdapter):
+    """vLLM's logger: the standard one with its ``*_once`` methods (here every call logs)."""
+
+    @classmethod
+    def named(cls, name: str) -> _Logger:
+        return cls(logging.getLogger(name), {})
+
+    def info_once(self, msg, *args, **_):
+        self.info(msg, *args)
+
+    def warning_once(self, msg, *args, **_):
+        self.warning(msg, *args)
 
 
 def _module(name: str, **attrs) -> ModuleType:
@@ -158,6 +178,11 @@ def make_stubs(tree: Path, rec: Recorder, mq: ModuleType | None = None) -> dict[
     def unused(*a, **k):
         raise AssertionError("not expected in this test")
 
+    def tq_config(cache_dtype: str, head_size: int) -> SimpleNamespace:
+        lay = TQLayout.from_preset(cache_dtype, head_size)
+        return SimpleNamespace(key_mse_bits=lay.mse_bits, key_fp8=lay.key_fp8, key_packed_size=lay.key_packed_size,
+                               effective_value_quant_bits=lay.value_bits, norm_correction=lay.norm_correction)
+
     class KVCacheLayout(enum.Enum):
         LBNHC = "LBNHC"
 
@@ -166,9 +191,14 @@ def make_stubs(tree: Path, rec: Recorder, mq: ModuleType | None = None) -> dict[
         model_config=SimpleNamespace(max_model_len=4096),
     )
     return {
-        "vllm.config": _module("vllm.config", get_current_vllm_config=lambda: vllm_config),
+        "vllm.config": _module("vllm.config", get_current_vllm_config=lambda: vllm_config,
+                               get_layers_from_vllm_config=lambda config, cls, names=None: {}),
+        "vllm.envs": _module("vllm.envs", VLLM_TURBOQUANT_ATTENTION_KERNEL="multi_query"),
+        "vllm.model_executor.layers.attention": _module("a", Attention=type("Attention", (), {})),
+        "vllm.model_executor.layers.quantization.turboquant.config": _module(
+            "tc", TurboQuantConfig=SimpleNamespace(from_cache_dtype=tq_config)),
         "vllm.config.cache": _module("vllm.config.cache", CacheDType=str),
-        "vllm.logger": _module("vllm.logger", init_logger=logging.getLogger),
+        "vllm.logger": _module("vllm.logger", init_logger=_Logger.named),
         "vllm.model_executor.layers.quantization.turboquant.centroids": _module(
             "c", get_centroids=unused),
         "vllm.triton_utils": _module("vllm.triton_utils", triton=SimpleNamespace(
@@ -207,6 +237,9 @@ def _exec_file(tree: Path, relpath: str, name: str, stubs: dict[str, ModuleType]
         if level == 0 and (mod_name == "vllm" or mod_name.startswith("vllm.")):
             if mod_name not in stubs:
                 raise ImportError(f"no stand-in for {mod_name}")
+            if not fromlist and mod_name.count(".") == 1:
+                # ``import vllm.envs as envs`` takes the attribute of the package.
+                return _module("vllm", **{mod_name.split(".")[1]: stubs[mod_name]})
             return stubs[mod_name]
         return _real_import(mod_name, globals, locals, fromlist, level)
 

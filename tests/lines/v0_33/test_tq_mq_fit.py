@@ -1,0 +1,238 @@
+"""The multi-query kernel fits the GPU it runs on, or its route steps aside (the line's patch 0003), on CPU.
+
+1. The planner (``tq_mq_verify_candidates``): tilings best first, each within the device's shared memory by the
+   lower bound of what the score dot stages (hi/lo float32 operands for tf32x3). On the H100 (232448 B) the
+   MSE presets keep the widest tiles; on the 99 KiB consumer parts (RTX 3090/4090/5090, A5000/A6000: 101376 B)
+   the widest tile of Qwen3.6-27B with MTP K=3 (24/4 heads, D 256: 32 rows x 64 tokens) stages 128 KiB and is
+   left out. ROCm and sm_75 score in float32 (``ieee``): ROCm has no tf32x3, sm_75 no TF32.
+2. ``tq_mq_verify_select`` takes the first tiling the device accepts and launches use it from then on.
+3. The kernel at the consumer tiles and in float32 scores matches the float64 reference (interpreted here; on a
+   GPU under the emulated limit in tests/gpu).
+4. The backend's route (``_multi_query_route``): when the device accepts no tiling, or
+   ``VLLM_TURBOQUANT_ATTENTION_KERNEL=decode``, TurboQuant keeps patch 0001's route (decode kernel for decodes,
+   per-request loop for verify batches, UNIFORM_SINGLE_TOKEN_DECODE) and says so in one warning; when it accepts
+   one, FULL graphs (UNIFORM_BATCH) and the accepted tiles. The device is stood in for by the probe only: what
+   a real launch decides is shown on the GPU (tests/gpu) and by the compile matrix (tests/gpu_fit).
+5. The workspace is reserved for the most query heads of any TurboQuant layer (a drafter's may exceed the
+   target's) and for at most max_num_batched_tokens rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+import tq_harness
+
+import vllm_tree
+from references import build_tq_cache, tq_verify_ref, tq_verify_rows
+
+VERIFY = "vllm/v1/attention/ops/triton_turboquant_verify.py"
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+H100, RTX_3090, T4, MI300X = (232448, 90, False), (101376, 86, False), (65536, 75, False), (65536, 0, True)
+MSE = {"4bit_nc": 4, "k3v4_nc": 3, "3bit_nc": 3}
+
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning")
+
+
+@pytest.fixture(scope="module")
+def mq(v033_tree):
+    return vllm_tree.load_module(v033_tree, VERIFY)
+
+
+def _limits(mq, device):
+    return mq.TQMQLimits(*device)
+
+
+@pytest.mark.parametrize("mse_bits", sorted(set(MSE.values())))
+def test_consumer_parts_get_tiles_whose_operands_fit(mq, mse_bits):
+    """Qwen3.6-27B, MTP K=3: the H100 keeps 32 rows x the widest BLOCK_N (128 KiB staged); a 99 KiB part gets
+    no tiling over its limit, and still one pass over the cache (all 24 rows in one 32-row tile)."""
+    k1, group, d = 4, 6, 256
+    h100 = mq.tq_mq_verify_candidates(k1, group, d, mse_bits, False, _limits(mq, H100))
+    consumer = mq.tq_mq_verify_candidates(k1, group, d, mse_bits, False, _limits(mq, RTX_3090))
+    widest = h100[0]
+    assert (widest.block_m, widest.m_tiles) == (32, 1)
+    assert mq.tq_mq_staged_bytes(widest.block_m, widest.block_n, d, mse_bits, False) == 131072
+    assert widest not in consumer
+    for tiles in consumer:
+        assert mq.tq_mq_staged_bytes(tiles.block_m, tiles.block_n, d, mse_bits, False) <= RTX_3090[0]
+    assert (consumer[0].block_m, consumer[0].m_tiles) == (32, 1)
+    assert consumer[0].block_n == widest.block_n // 2
+    # Best first: never a narrower M tile before a wider one.
+    assert [t.block_m for t in consumer] == sorted((t.block_m for t in consumer), reverse=True)
+
+
+def test_staged_bytes_match_the_compiled_kernels(mq):
+    """The lower bound equals metadata.shared of the compiled MSE kernels (tf32x3), as compiled ahead of time
+    for sm_80..sm_120: 80, 96 and 128 KiB at 16x128, 32x128 / 16x256 and 64x128 / 32x256 (BLOCK_N the widest)."""
+    cases = {(16, 128, 4): 81920, (32, 128, 4): 98304, (64, 128, 4): 131072, (16, 256, 4): 98304,
+             (32, 256, 4): 131072, (16, 128, 3): 81920, (32, 256, 3): 131072}
+    for (block_m, d, bits), shared in cases.items():
+        block_n = (128 if d <= 128 else 64) // (1 if bits == 4 else 2)
+        assert mq.tq_mq_staged_bytes(block_m, block_n, d, bits, False) == shared, (block_m, d, bits)
+
+
+def test_precision_follows_the_platform(mq):
+    assert mq.tq_mq_score_precision(_limits(mq, H100)) == "tf32x3"
+    assert mq.tq_mq_score_precision(_limits(mq, RTX_3090)) == "tf32x3"
+    assert mq.tq_mq_score_precision(_limits(mq, T4)) == "ieee"
+    assert mq.tq_mq_score_precision(_limits(mq, MI300X)) == "ieee"
+    for tiles in mq.tq_mq_verify_candidates(4, 6, 256, 4, False, _limits(mq, MI300X)):
+        assert tiles.precision == "ieee"
+        assert mq.tq_mq_staged_bytes(tiles.block_m, tiles.block_n, 256, 4, False, "ieee") <= MI300X[0]
+
+
+def test_nothing_fits_a_tiny_limit(mq):
+    tiny = mq.TQMQLimits(8192, 86)
+    assert mq.tq_mq_verify_candidates(4, 6, 256, 4, False, tiny) == []
+    tiles, why = mq.tq_mq_verify_select(4, 6, 256, 4, False, tiny, fits=lambda t: None)
+    assert tiles is None and why
+
+
+def test_select_takes_the_first_accepted_tiling_and_launches_keep_it(mq):
+    limits = _limits(mq, RTX_3090)
+    candidates = mq.tq_mq_verify_candidates(4, 6, 256, 4, False, limits)
+    refused = candidates[0]
+    tiles, why = mq.tq_mq_verify_select(
+        4, 6, 256, 4, False, limits, fits=lambda t: "too big" if t == refused else None, device_index=7)
+    assert tiles == candidates[1] and len(why) == 1 and "too big" in why[0]
+    try:
+        assert mq._planned_tiles(torch.device("cuda", 7), 4, 6, 256, 4, False) == tiles
+    finally:
+        mq._TILES.clear()
+
+
+@pytest.mark.parametrize(("preset", "device"), [("4bit_nc", RTX_3090), ("3bit_nc", RTX_3090), ("4bit_nc", T4),
+                                                 ("k3v4_nc", MI300X)])
+def test_kernel_at_the_tiles_a_smaller_part_gets_matches_reference(mq, preset, device):
+    """Qwen3.6-27B's head geometry (G=6, D=256), K+1=4, 2 KV heads: the kernel with the first tiling the
+    planner gives that device (narrower BLOCK_N, or narrower BLOCK_M over several M tiles, float32 scores on
+    sm_75 and ROCm) against the float64 reference."""
+    k1, group, hk, d, bs = 4, 6, 2, 256, 16
+    tiles = mq.tq_mq_verify_candidates(k1, group, d, MSE[preset], False, _limits(mq, device))[0]
+    lens = [2, bs + 3, 2 * bs + 1, 0]
+    cache = build_tq_cache(preset, lens, hk, d, bs, DEVICE, seed=11)
+    kv = cache.kv_cache.permute(0, 2, 1, 3).contiguous().transpose(1, 2)  # 0.33's storage, as forward hands it
+    n = len(lens) * k1
+    query = torch.randn(n, hk * group, d, generator=torch.Generator().manual_seed(5)).half().to(DEVICE)
+    out = torch.full((n, hk * group, d), float("nan"), dtype=query.dtype, device=DEVICE)
+    lse = torch.full((n, hk * group), float("nan"), device=DEVICE)
+    mid = torch.empty(n, hk * group, 2, d + 1, device=DEVICE)
+    q_rot = torch.empty(n, hk * group, d, device=DEVICE)
+    lay = cache.layout
+    mq.triton_turboquant_mq_verify_attention(
+        query, kv, cache.block_table, cache.seq_lens, k1, cache.centroids, 1 / math.sqrt(d), lay.mse_bits,
+        lay.key_packed_size, lay.value_bits, out, mid, q_rot, PiT=cache.pi, key_fp8=lay.key_fp8,
+        norm_correction=lay.norm_correction, lse=lse, max_num_kv_splits=2, num_kv_splits=2, tiles=tiles,
+        min_split_len=tiles.block_n)
+    want, want_lse = tq_verify_ref(query, cache.keys, cache.values, lens, k1, 1 / math.sqrt(d))
+    live = torch.tensor(tq_verify_rows(lens, k1)[0]) > 0
+    torch.testing.assert_close(out.float().cpu()[live], want.float().cpu()[live], atol=3e-3, rtol=1e-2)
+    torch.testing.assert_close(lse.cpu()[live], want_lse.float().cpu()[live], atol=2e-3, rtol=1e-4)
+    assert not bool(out.cpu()[~live].any()), "rows without a visible token must be 0"
+
+
+# --- The backend's route -------------------------------------------------------------------------------------
+
+HQ, HK = 24, 4
+
+
+def _config(num_spec, max_num_seqs=8, max_num_batched_tokens=64):
+    spec = None if num_spec is None else SimpleNamespace(num_speculative_tokens=num_spec, parallel_drafting=False)
+    return SimpleNamespace(
+        speculative_config=spec, use_v2_model_runner=True,
+        parallel_config=SimpleNamespace(decode_context_parallel_size=1),
+        scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs, enable_chunked_prefill=False,
+                                         max_num_batched_tokens=max_num_batched_tokens),
+        model_config=SimpleNamespace(get_num_attention_heads=lambda _pc: HQ, dtype=torch.bfloat16,
+                                     max_model_len=4096),
+        attention_config=SimpleNamespace(tq_max_kv_splits_for_cuda_graph=4))
+
+
+def _spec(preset="4bit_nc", head_size=256):
+    return SimpleNamespace(num_kv_heads=HK, head_size=head_size, block_size=16,
+                           kv_quant_mode=SimpleNamespace(name=f"TURBOQUANT_{preset.upper()}"))
+
+
+@pytest.fixture
+def on_a_gpu(mq, v033_tree, monkeypatch):
+    """The backend of the patched tree with the real kernel module, on a stand-in CUDA device 0 whose limits
+    are RTX_3090's and whose launches the test's probe decides."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    tq, _, _ = tq_harness.load(v033_tree, mq=mq)
+    monkeypatch.setattr(tq, "tq_mq_device_limits", lambda device: mq.TQMQLimits(*RTX_3090))
+    mq._TILES.clear()
+    yield tq
+    mq._TILES.clear()
+
+
+def test_route_steps_aside_when_the_device_takes_no_tiling(mq, on_a_gpu, monkeypatch, caplog):
+    tq = on_a_gpu
+    probed = []
+
+    def refuse(tiles, **kw):
+        probed.append((tiles, kw["k1"], kw["group"]))
+        return "OutOfResources: out of resource: shared memory"
+
+    monkeypatch.setattr(tq, "tq_mq_verify_probe", refuse)
+    builder = tq.TurboQuantAttentionBackend.get_builder_cls()
+    cg = tq.AttentionCGSupport
+    with caplog.at_level(logging.WARNING):
+        assert builder.get_cudagraph_support(_config(3), _spec()) == cg.UNIFORM_SINGLE_TOKEN_DECODE
+        assert builder(_spec(), ["l"], _config(3), "cpu").reorder_batch_threshold == 1
+    assert probed and all(t.block_n >= 16 for t, _, _ in probed)
+    assert {(k1, g) for _, k1, g in probed} == {(1, 6)}  # K+1=1 is decided first, and refused
+    warnings = [r for r in caplog.records if "does not fit" in r.getMessage()]
+    assert len(warnings) == 1 and "per-request" in warnings[0].getMessage()
+
+
+def test_route_takes_the_tiles_the_device_accepts(mq, on_a_gpu, monkeypatch):
+    tq = on_a_gpu
+    widest_n = mq.tq_mq_verify_candidates(4, 6, 256, 4, False, mq.TQMQLimits(*H100))[0].block_n
+
+    def accept_narrow(tiles, **kw):
+        return None if tiles.block_n < widest_n else "needs 131072 B of shared memory"
+
+    monkeypatch.setattr(tq, "tq_mq_verify_probe", accept_narrow)
+    builder = tq.TurboQuantAttentionBackend.get_builder_cls()
+    assert builder.get_cudagraph_support(_config(3), _spec()) == tq.AttentionCGSupport.UNIFORM_BATCH
+    assert builder(_spec(), ["l"], _config(3), "cpu").reorder_batch_threshold == 4
+    for k1 in (1, 4):
+        tiles = mq._planned_tiles(torch.device("cuda", 0), k1, 6, 256, 4, False)
+        assert tiles.block_n < widest_n
+
+
+def test_environment_switch_keeps_the_release_route(mq, on_a_gpu, monkeypatch):
+    tq = on_a_gpu
+    monkeypatch.setattr(tq.envs, "VLLM_TURBOQUANT_ATTENTION_KERNEL", "decode")
+    monkeypatch.setattr(tq, "tq_mq_verify_probe", lambda tiles, **kw: None)
+    builder = tq.TurboQuantAttentionBackend.get_builder_cls()
+    assert builder.get_cudagraph_support(_config(3), _spec()) == tq.AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+
+
+def test_workspace_covers_the_widest_layer_and_at_most_the_token_budget(mq, v033_tree, monkeypatch):
+    """A drafter layer with 32 query heads beside the target's 24: the reservation takes 32; rows are
+    min(max_num_seqs * (1 + K), max_num_batched_tokens)."""
+    reserved = []
+
+    class Workspace:
+        def get_simultaneous(self, *shapes):
+            reserved.append(shapes)
+
+    tq, _, _ = tq_harness.load(v033_tree, mq=mq)
+    layers = {name: SimpleNamespace(impl=tq_harness.bare_impl(tq.TurboQuantAttentionImpl, hq, HK, 256))
+              for name, hq in (("target", HQ), ("drafter", 32))}
+    monkeypatch.setattr(tq, "get_layers_from_vllm_config", lambda config, cls, names=None: layers)
+    monkeypatch.setattr(tq, "is_workspace_manager_initialized", lambda: True)
+    monkeypatch.setattr(tq, "current_workspace_manager", Workspace)
+    builder = tq.TurboQuantAttentionBackend.get_builder_cls()
+    builder(_spec(), ["target", "drafter"], _config(3, max_num_seqs=32, max_num_batched_tokens=64), "cpu")
+    mid_o = [s for shapes in reserved for s in shapes if len(s[0]) == 4]
+    assert mid_o, reserved
+    assert {shape[1] for shape, _ in mid_o} == {32}
+    assert max(shape[0] for shape, _ in mid_o) == 64  # min(32 * 4, 64) for the kernel's scratch
