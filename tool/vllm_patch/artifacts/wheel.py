@@ -11,6 +11,7 @@ every member checked against its own RECORD (pypa/installer) before anything is 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 import zipfile
@@ -88,6 +89,26 @@ def verify_source(series: Series, source: Path, verified: bool = False) -> list[
             "against its own RECORD only"]
 
 
+RE_DRIVE = re.compile(r"^[A-Za-z]:")
+
+
+def unsafe_member(name: str) -> bool:
+    """Whether an archive member name could land outside the install directory, or somewhere else
+    on another OS: absolute, a drive letter, a backslash, or a '..', '.' or empty part (pypa/installer
+    refuses a path leaving its target; a patched wheel must install wherever the release does)."""
+    parts = name[:-1].split("/") if name.endswith("/") else name.split("/")
+    return (not name or name.startswith("/") or "\\" in name or "\0" in name or RE_DRIVE.match(name) is not None
+            or any(part in ("", ".", "..") for part in parts))
+
+
+def _refuse_unsafe(source: Path, names: list[str]) -> None:
+    bad = [n for n in names if unsafe_member(n)]
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise InputError(f"{source.name}: unsafe member name {bad[0]!r}{more} (absolute, '..', '.', an empty part, "
+                         "a backslash or a drive letter); nothing was written")
+
+
 def _read_source(source: Path, zf: zipfile.ZipFile, check_contents: bool) -> tuple[str, list[str]]:
     """The source's dist-info directory and RECORD lines, once pypa/installer has checked that
     RECORD lists every member (and, with `check_contents`, that every member has its hash and size)."""
@@ -129,7 +150,9 @@ def _build(series: Series, source: Path, src: zipfile.ZipFile, out_dir: Path, na
         more = f" (and {len(encrypted) - 1} more)" if len(encrypted) > 1 else ""
         raise InputError(f"{source.name}: member {encrypted[0]}{more} is encrypted, which no wheel may be; "
                          "nothing was written")
+    _refuse_unsafe(source, src.namelist())
     dist_info, lines = _read_source(source, src, check_contents=not pinned)
+    _refuse_unsafe(source, list(record.index(lines)))
     names = set(src.namelist())
     try:
         meta = src.read(f"{dist_info}/METADATA").decode("utf-8")
