@@ -278,13 +278,15 @@ def status(ctx, target_spec, python, kind, wait, as_json, full, expect) -> None:
               help="The upstream wheel to patch (default: the pinned wheel, downloaded and cached).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("dist"),
               show_default=True, help="Where to write the patched wheel.")
+@click.option("--wait", type=float, default=30.0, show_default=True,
+              help="Seconds to wait for another run writing into --out.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @click.pass_context
 @handle_errors
-def build_wheel_cmd(ctx: click.Context, source: Path | None, out_dir: Path, as_json: bool) -> None:
+def build_wheel_cmd(ctx: click.Context, source: Path | None, out_dir: Path, wait: float, as_json: bool) -> None:
     """Build a patched vLLM wheel (version <pin>+vp.<series digest>) from the line's pinned upstream wheel."""
     series = _series(ctx)
-    built = operations.build_wheel(series, source, out_dir, quiet=as_json)
+    built = operations.build_wheel(series, source, out_dir, quiet=as_json, wait=wait, on_wait=_waiting)
     if as_json:
         report.print_json({"wheel": str(built.path), "version": built.version, "changed": built.changed,
                            "patches": list(series.names), "notes": built.notes})
