@@ -315,3 +315,35 @@ def test_commit_on_a_target_that_is_not_a_checkout_is_refused(tmp_path, tree, ba
     assert error_lines(result) == [f"error: --commit: {kind} {target} is not a git checkout; only a checkout "
                                    "records each patch as a commit"]
     assert snapshot(target) == before
+
+
+@pytest.mark.parametrize("args, words", [
+    (["bogus"], ["No such command 'bogus'"]),
+    (["status", "--nope"], ["No such option", "--nope"]),
+    (["status", "--target", ".", "--kind", "weird"], ["--kind", "weird"]),
+    (["series", "--json", "extra"], ["unexpected extra argument"]),
+    (["build-wheel", "--out", "FILE"], ["--out", "is a file"]),
+    (["apply"], ["give --target PATH"]),
+])
+def test_usage_errors_are_one_line_exit_2(tmp_path, two_patch_series, args, words):
+    """click's own usage errors (unknown command or option, bad value) are one line, like every other error."""
+    (tmp_path / "FILE").write_bytes(b"a file")
+    args = [str(tmp_path / "FILE") if a == "FILE" else a for a in args]
+    result = run(two_patch_series, *args)
+    assert result.stderr.splitlines() == [one_error_line(result, *words)], result.stderr
+    assert "Usage:" not in result.output and (tmp_path / "FILE").read_bytes() == b"a file"
+
+
+def test_usage_error_of_the_console_script_is_one_line_and_help_still_works(two_patch_series):
+    """The real entry point (`python -m vllm_patch`, as the console script) exits 2 with one line."""
+    import subprocess
+    import sys
+    env = {**os.environ, "VLLM_PATCH_SERIES": str(two_patch_series)}
+    done = subprocess.run([sys.executable, "-m", "vllm_patch", "bogus"], capture_output=True, text=True, env=env)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines() == ["error: No such command 'bogus'. (see 'vllm-patch --help')"], done.stderr
+    done = subprocess.run([sys.executable, "-m", "vllm_patch", "--help"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0 and "Usage:" in done.stdout and "build-wheel" in done.stdout
+    done = subprocess.run([sys.executable, "-m", "vllm_patch", "status", "-h"], capture_output=True, text=True,
+                          env=env)
+    assert done.returncode == 0 and "--target" in done.stdout

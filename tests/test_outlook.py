@@ -12,7 +12,7 @@ import pytest
 from helpers import build_series, edit, git, git_repo
 from vllm_patch.engine.patchfile import parse_patch
 from vllm_patch.engine.pin import Artifact, Pin
-from vllm_patch.errors import InputError, UpstreamError
+from vllm_patch.errors import CheckNotRun, InputError, UpstreamError
 from vllm_patch.lifecycle import merge3, rebase
 from vllm_patch.lifecycle.obsolete import Judge, conditions
 from vllm_patch.lifecycle.outlook import build_outlook, carry, print_outlook, to_dict, to_markdown
@@ -233,7 +233,8 @@ def test_obsolete_conditions_parse_and_judge():
     tested = parse_patch("t.patch", (header.replace('vllm/a.py contains "x = \\"1\\""', 'test "tests/x.py::t"')
                                      + diff).encode())
     assert conditions(tested)[0].op == "test"
-    assert Judge(lambda paths: {p: files.get(p) for p in paths}).obsolete(tested) is None  # no runner: not obsolete
+    with pytest.raises(CheckNotRun, match="cannot run"):  # no runner: no verdict (tests/test_obsolete.py)
+        Judge(lambda paths: {p: files.get(p) for p in paths}).obsolete(tested)
 
 
 def test_pycheck_flags_only_what_the_resolution_adds():

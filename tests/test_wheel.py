@@ -226,3 +226,32 @@ def test_encrypted_member_is_refused(tmp_path, base_files, two_patch_series, mem
     with pytest.raises(InputError, match=f"{member}.* encrypted"):
         build_wheel(series, source, tmp_path / "dist")
     assert out_is_empty(tmp_path / "dist")
+
+
+@pytest.mark.parametrize("member", ["../../evil", "vllm/../../evil.py", "/etc/evil", "vllm\\evil.py", "C:/evil",
+                                    "vllm//evil.py", "./vllm/evil.py"])
+def test_unsafe_member_name_is_refused(tmp_path, base_files, two_patch_series, member):
+    """A member that would land outside site-packages (or lands elsewhere on another OS) is refused,
+    as pypa/installer refuses it, before anything is written."""
+    source = make_wheel(tmp_path / "in", {**base_files, member: b"EVIL = 1\n"})
+    with zipfile.ZipFile(source) as zf:
+        assert member in zf.namelist() and member in zf.read("vllm-0.20.0.dist-info/RECORD").decode()
+    with pytest.raises(InputError, match="unsafe member name") as caught:
+        build_wheel(load_series(two_patch_series), source, tmp_path / "dist")
+    assert repr(member) in caught.value.message and "\n" not in caught.value.message
+    assert out_is_empty(tmp_path / "dist")
+
+
+def test_unsafe_name_only_in_record_is_refused(tmp_path, base_files, two_patch_series):
+    source = make_wheel(tmp_path / "in", base_files)
+    tampered = tmp_path / "t" / source.name
+    tampered.parent.mkdir()
+    with zipfile.ZipFile(source) as src, zipfile.ZipFile(tampered, "w") as dst:
+        for info in src.infolist():
+            data = src.read(info.filename)
+            if info.filename.endswith("/RECORD"):
+                data += b"../../evil,,\n"
+            dst.writestr(info, data)
+    with pytest.raises(InputError, match="unsafe member name '../../evil'"):
+        build_wheel(load_series(two_patch_series), tampered, tmp_path / "dist")
+    assert out_is_empty(tmp_path / "dist")

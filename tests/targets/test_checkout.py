@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from helpers import git, git_repo, snapshot
@@ -129,3 +131,23 @@ def test_force_overrides_a_pin_mismatch_but_not_a_git_failure(checkout, two_patc
     git(checkout, "tag", "-d", "v0.20.0")  # now a pin mismatch, which --force overrides
     out = operations.apply(CheckoutTarget(checkout), series, force=True)
     assert out.ok and any(n.startswith("--force: ") and "neither tag v0.20.0" in n for n in out.notes)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="chown to another uid needs root")
+def test_checkout_git_refuses_is_reported_with_gits_reason(tmp_path, checkout, two_patch_series, monkeypatch):
+    """A checkout owned by another user, which git refuses ("dubious ownership", safe.directory),
+    is reported with git's own reason, not as a checkout with no commit."""
+    empty = tmp_path / "empty-gitconfig"
+    empty.write_text("")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(empty))  # no safe.directory of the user's may mask it
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    for path in [checkout, *checkout.rglob("*")]:
+        os.chown(path, 65534, 65534, follow_symlinks=False)  # nobody
+    before = snapshot(checkout)
+    with pytest.raises(TargetError) as caught:
+        operations.status(open_target(str(checkout)), load_series(two_patch_series))
+    assert "dubious ownership" in caught.value.message and "safe.directory" in caught.value.message
+    assert "no commit" not in caught.value.message and "\n" not in caught.value.message
+    with pytest.raises(TargetError, match="dubious ownership"):
+        operations.apply(open_target(str(checkout)), load_series(two_patch_series))
+    assert snapshot(checkout) == before

@@ -156,6 +156,31 @@ class SeriesGroup(click.Group):
                 callback=_after_command("line"), help="The release line (as before the command)."))
         super().add_command(cmd, name)
 
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        """click's own errors (unknown command or option, bad value) as one line and exit 2, like
+        every other error, instead of click's usage, hint and message."""
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            super().main(args, prog_name, complete_var, False, **extra)
+        except click.exceptions.NoArgsIsHelpError as exc:  # no command at all: the help it asks for
+            exc.show()
+            sys.exit(EXIT_USAGE)
+        except click.ClickException as exc:
+            err.print(f"error: {usage_message(exc)}", markup=False)
+            sys.exit(EXIT_USAGE)
+        except click.Abort:
+            err.print("aborted", markup=False)
+            sys.exit(130)
+        sys.exit(EXIT_OK)  # --help and --version end here too (click returns their exit code, 0)
+
+
+def usage_message(exc: click.ClickException) -> str:
+    """click's message on one line, with where to look for help."""
+    message = " ".join(exc.format_message().split())
+    ctx = getattr(exc, "ctx", None)
+    return f"{message} (see '{ctx.command_path} --help')" if ctx is not None else message
+
 
 @click.group(cls=SeriesGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--series", "series_dir", type=click.Path(file_okay=False, path_type=Path),
@@ -253,13 +278,15 @@ def status(ctx, target_spec, python, kind, wait, as_json, full, expect) -> None:
               help="The upstream wheel to patch (default: the pinned wheel, downloaded and cached).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("dist"),
               show_default=True, help="Where to write the patched wheel.")
+@click.option("--wait", type=float, default=30.0, show_default=True,
+              help="Seconds to wait for another run writing into --out.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @click.pass_context
 @handle_errors
-def build_wheel_cmd(ctx: click.Context, source: Path | None, out_dir: Path, as_json: bool) -> None:
+def build_wheel_cmd(ctx: click.Context, source: Path | None, out_dir: Path, wait: float, as_json: bool) -> None:
     """Build a patched vLLM wheel (version <pin>+vp.<series digest>) from the line's pinned upstream wheel."""
     series = _series(ctx)
-    built = operations.build_wheel(series, source, out_dir, quiet=as_json)
+    built = operations.build_wheel(series, source, out_dir, quiet=as_json, wait=wait, on_wait=_waiting)
     if as_json:
         report.print_json({"wheel": str(built.path), "version": built.version, "changed": built.changed,
                            "patches": list(series.names), "notes": built.notes})
@@ -447,9 +474,5 @@ def import_cmd(ctx, source, repo, name, subject, author, origin, bug, forwarded,
 
 
 def run() -> None:
-    """Console-script entry point (click's usage errors exit with 2 by themselves)."""
-    try:
-        main(standalone_mode=True)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (EXIT_USAGE if exc.code else EXIT_OK)
-        sys.exit(code)
+    """Console-script entry point: the group prints every error as one line and exits with its code."""
+    main(prog_name="vllm-patch")

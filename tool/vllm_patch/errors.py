@@ -46,6 +46,10 @@ class UpstreamError(VllmPatchError):
     """git failed on the upstream cache repository, or a 3-way merge could not run."""
 
 
+class CheckNotRun(VllmPatchError):
+    """An ``Obsolete-If:`` check could not run (pytest missing, its test not found): no verdict."""
+
+
 class PatchFailed(VllmPatchError):
     """At least one patch is ambiguous, conflicting or partially applied."""
 

@@ -231,13 +231,15 @@ def series_for(project: Path, target: Target, line: str | None = None,
     return series, f"release line {chosen.name}, pinned to vLLM {series.pin.version} like the target"
 
 
-def build_wheel(series: Series, source: Path | None, out_dir: Path, quiet: bool = False):
-    """The patched wheel from `source` (default: the pinned wheel, downloaded and sha256-checked)."""
+def build_wheel(series: Series, source: Path | None, out_dir: Path, quiet: bool = False, wait: float = 30.0,
+                on_wait: Callable[[], None] | None = None):
+    """The patched wheel from `source` (default: the pinned wheel, downloaded and sha256-checked),
+    written into `out_dir` under its lock (waiting up to `wait` seconds for another run)."""
     from .artifacts.wheel import build_wheel as build
     from .infrastructure.downloads import fetch
 
     verified = source is None
-    return build(series, source or fetch(series.pin.wheel, quiet=quiet), out_dir, verified)
+    return build(series, source or fetch(series.pin.wheel, quiet=quiet), out_dir, verified, wait, on_wait)
 
 
 def rebase(root: Path, tag: str | None = None, resume: bool = False, skip: bool = False,

@@ -10,11 +10,10 @@ every member checked against its own RECORD (pypa/installer) before anything is 
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
+import re
 import zipfile
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from ..engine.state import STATE_FILE, AppliedState
 from ..errors import DownloadError, InputError, PatchFailed, PinMismatch
 from ..infrastructure.downloads import file_sha256
 from ..series import Series
+from .publish import publish
 from .rawzip import can_copy_raw, copy_raw, encrypted_members
 
 # Members a source wheel may carry that cannot survive a rewrite: signatures of the old RECORD.
@@ -88,6 +88,26 @@ def verify_source(series: Series, source: Path, verified: bool = False) -> list[
             "against its own RECORD only"]
 
 
+RE_DRIVE = re.compile(r"^[A-Za-z]:")
+
+
+def unsafe_member(name: str) -> bool:
+    """Whether an archive member name could land outside the install directory, or somewhere else
+    on another OS: absolute, a drive letter, a backslash, or a '..', '.' or empty part (pypa/installer
+    refuses a path leaving its target; a patched wheel must install wherever the release does)."""
+    parts = name[:-1].split("/") if name.endswith("/") else name.split("/")
+    return (not name or name.startswith("/") or "\\" in name or "\0" in name or RE_DRIVE.match(name) is not None
+            or any(part in ("", ".", "..") for part in parts))
+
+
+def _refuse_unsafe(source: Path, names: list[str]) -> None:
+    bad = [n for n in names if unsafe_member(n)]
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise InputError(f"{source.name}: unsafe member name {bad[0]!r}{more} (absolute, '..', '.', an empty part, "
+                         "a backslash or a drive letter); nothing was written")
+
+
 def _read_source(source: Path, zf: zipfile.ZipFile, check_contents: bool) -> tuple[str, list[str]]:
     """The source's dist-info directory and RECORD lines, once pypa/installer has checked that
     RECORD lists every member (and, with `check_contents`, that every member has its hash and size)."""
@@ -103,9 +123,11 @@ def _read_source(source: Path, zf: zipfile.ZipFile, check_contents: bool) -> tup
     return dist_info, record.parse_lines(text).lines
 
 
-def build_wheel(series: Series, source: Path, out_dir: Path, verified: bool = False) -> BuiltWheel:
+def build_wheel(series: Series, source: Path, out_dir: Path, verified: bool = False, wait: float = 30.0,
+                on_wait: Callable[[], None] | None = None) -> BuiltWheel:
     """Write the patched wheel into `out_dir`; nothing is written there on any error.
-    `verified`: the caller has just checked the source's sha256 against the pin."""
+    `verified`: the caller has just checked the source's sha256 against the pin. `wait`: seconds
+    to wait for another run writing into `out_dir`."""
     notes = verify_source(series, source, verified)
     pinned = source.name == series.pin.wheel.filename  # its sha256 is checked: no need to hash every member
     version = local_version(series.pin.version, series.digest)
@@ -116,20 +138,22 @@ def build_wheel(series: Series, source: Path, out_dir: Path, verified: bool = Fa
         raise InputError(f"{source.name}: not a readable wheel ({exc})") from None
     try:
         with src:
-            return _build(series, source, src, out_dir, name, version, notes, pinned)
+            return _build(series, source, src, out_dir, name, version, notes, pinned, wait, on_wait)
     except (zipfile.BadZipFile, zlib.error, EOFError, UnicodeDecodeError) as exc:
         raise InputError(f"{source.name}: corrupt wheel ({type(exc).__name__}: {exc}); nothing was written") \
             from None
 
 
 def _build(series: Series, source: Path, src: zipfile.ZipFile, out_dir: Path, name: str, version: str,
-           notes: list[str], pinned: bool) -> BuiltWheel:
+           notes: list[str], pinned: bool, wait: float, on_wait: Callable[[], None] | None) -> BuiltWheel:
     encrypted = encrypted_members(src)
     if encrypted:
         more = f" (and {len(encrypted) - 1} more)" if len(encrypted) > 1 else ""
         raise InputError(f"{source.name}: member {encrypted[0]}{more} is encrypted, which no wheel may be; "
                          "nothing was written")
+    _refuse_unsafe(source, src.namelist())
     dist_info, lines = _read_source(source, src, check_contents=not pinned)
+    _refuse_unsafe(source, list(record.index(lines)))
     names = set(src.namelist())
     try:
         meta = src.read(f"{dist_info}/METADATA").decode("utf-8")
@@ -151,17 +175,13 @@ def _build(series: Series, source: Path, src: zipfile.ZipFile, out_dir: Path, na
     originals = {p: (lines[at[p]] if p in at else None) for p in new_files}
     new_dist_info = f"{name.split('-')[0]}-{version}.dist-info"
     state = AppliedState.of(list(series.patches), originals).dump() if series.patches else None
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # Build in a private directory, then rename into place: no partial wheel is ever visible.
-    tmp_dir = Path(tempfile.mkdtemp(prefix=".build-", dir=out_dir))
-    final = out_dir / name
-    try:
-        _write(src, tmp_dir / name, dist_info, new_dist_info, set_metadata_version(meta, version),
-               new_files, lines, at, state, created_modes(list(series.patches)))
-        os.replace(tmp_dir / name, final)
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-    return BuiltWheel(final, version, sorted(new_files), analysis, notes)
+    # Written under a hidden partial name, renamed into place: no cut-off file is ever named like a wheel.
+    swept = publish(out_dir, name, lambda path: _write(
+        src, path, dist_info, new_dist_info, set_metadata_version(meta, version), new_files, lines, at, state,
+        created_modes(list(series.patches))), wait, on_wait)
+    if swept:
+        notes.append(f"removed what an interrupted run left in {out_dir}: {', '.join(swept)}")
+    return BuiltWheel(out_dir / name, version, sorted(new_files), analysis, notes)
 
 
 def _write(src: zipfile.ZipFile, path: Path, dist_info: str, new_dist_info: str, metadata: str,

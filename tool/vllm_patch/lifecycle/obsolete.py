@@ -13,6 +13,12 @@ base when it has at least one such trailer and every one of them holds there::
 base (a path as it is there, not as it was). ``test`` runs a test of this
 project with pytest, the new base's tree given to it as ``$VLLM_PATCH_PRISTINE_TREE``
 and ``$VLLM_PATCH_PATCHED_TREE``: it must pass (skipped does not count).
+
+A trailer is input like a patch's paths: a file path that could leave the tree, or a test
+that is not a ``.py`` file of the project's own ``tests/`` (absolute, ``..``, a symlink
+leading out, a file that does not exist) is refused before anything runs, since ``outlook``
+promises to change nothing and a test is code that runs. A test that cannot run (pytest
+missing, its node not found, nothing collected) is an error, never a "still needed".
 """
 
 from __future__ import annotations
@@ -28,12 +34,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..engine.analysis import Contents
-from ..engine.patchfile import Patch
-from ..errors import InputError
+from ..engine.patchfile import Patch, check_path
+from ..errors import CheckNotRun, InputError
 
 TRAILER = "Obsolete-If"
 RE_FILE = re.compile(r"^(?P<path>\S+)\s+(?P<op>contains|matches)\s+(?P<text>.+)$")
 RE_TEST = re.compile(r"^test\s+(?P<text>.+)$")
+TESTS_DIR = "tests"
+TEST_TIMEOUT = 600
 
 
 @dataclass(frozen=True)
@@ -56,21 +64,34 @@ def _unquote(text: str) -> str:
     return text
 
 
+def _test_node(where: str, node: str) -> str:
+    """A pytest node id of a ``.py`` file under ``tests/``, relative, with no way out of it."""
+    file = node.split("::", 1)[0]
+    if not file.startswith(f"{TESTS_DIR}/"):
+        raise InputError(f"{where}: a test is a pytest node id of this project's {TESTS_DIR}/ "
+                         f"(e.g. {TESTS_DIR}/test_x.py::test_y), not {node!r}")
+    check_path(where, file)
+    if not file.endswith(".py"):
+        raise InputError(f"{where}: a test node names a .py file under {TESTS_DIR}/, not {file!r}")
+    return node
+
+
 def conditions(patch: Patch) -> list[Condition]:
-    """The patch's ``Obsolete-If:`` checks; a malformed one is an input error naming the patch."""
+    """The patch's ``Obsolete-If:`` checks; a malformed or unsafe one is an input error naming the patch."""
     found = []
     for key, value in patch.trailers:
         if key.lower() != TRAILER.lower():
             continue
+        where = f"{patch.name}: invalid '{TRAILER}: {value}'"
         m = RE_TEST.match(value)
         if m:
-            found.append(Condition("test", "", _unquote(m.group("text")), value))
+            found.append(Condition("test", "", _test_node(where, _unquote(m.group("text"))), value))
             continue
         m = RE_FILE.match(value)
         if not m:
             raise InputError(f"{patch.name}: malformed '{TRAILER}: {value}': expected 'PATH contains \"TEXT\"', "
                              "'PATH matches \"REGEX\"' or 'test \"NODEID\"'")
-        cond = Condition(m.group("op"), m.group("path"), _unquote(m.group("text")), value)
+        cond = Condition(m.group("op"), check_path(where, m.group("path")), _unquote(m.group("text")), value)
         if cond.op == "matches":
             try:
                 re.compile(cond.text)
@@ -78,6 +99,27 @@ def conditions(patch: Patch) -> list[Condition]:
                 raise InputError(f"{patch.name}: '{TRAILER}: {value}': bad regular expression: {exc}") from None
         found.append(cond)
     return found
+
+
+def test_file(project: Path, node: str, where: str) -> Path:
+    """The file of test `node`, which must exist inside the project's ``tests/`` once resolved."""
+    tests = (project / TESTS_DIR).resolve()
+    rel = _test_node(where, node).split("::", 1)[0]
+    path = (project / rel).resolve()
+    if not path.is_relative_to(tests):
+        raise InputError(f"{where}: {rel} leads outside {tests}")
+    if not path.is_file():
+        raise InputError(f"{where}: {rel} does not exist in {project}")
+    return path
+
+
+def validate(patches: list[Patch], project: Path | None) -> None:
+    """Refuse the series' invalid trailers before anything runs: each parses, and (given the
+    project) each test it names is a file of the project's ``tests/``."""
+    for patch in patches:
+        for cond in conditions(patch):
+            if cond.op == "test" and project is not None:
+                test_file(project, cond.text, f"{patch.name}: invalid '{cond.describe()}'")
 
 
 TestRunner = Callable[[str], "tuple[bool, str]"]
@@ -94,7 +136,7 @@ class Judge:
     def holds(self, cond: Condition) -> tuple[bool, str]:
         if cond.op == "test":
             if self.run_test is None:
-                return False, "tests are not run here"
+                raise CheckNotRun(f"'{cond.describe()}' cannot run: no project to run its test in")
             if cond.text not in self._tests:
                 self._tests[cond.text] = self.run_test(cond.text)
             return self._tests[cond.text]
@@ -111,27 +153,56 @@ class Judge:
         if not conds:
             return None
         for cond in conds:
-            if not self.holds(cond)[0]:
+            try:
+                holds = self.holds(cond)[0]
+            except CheckNotRun as exc:
+                raise CheckNotRun(f"{patch.name}: {exc.message}") from None
+            if not holds:
                 return None
         return "; ".join(c.describe() for c in conds)
 
 
 def project_test_runner(project: Path, tree: Callable[[], Path]) -> TestRunner:
-    """Runs one of the project's tests with pytest on the unpatched tree `tree()` (made on first use)."""
+    """Runs one of the project's tests with pytest on the unpatched tree `tree()` (made on first use).
+    Only a file of the project's ``tests/`` runs; one that cannot run raises CheckNotRun."""
     def run(node: str) -> tuple[bool, str]:
+        test_file(project, node, f"invalid test {node!r}")
         root = tree()
         with tempfile.TemporaryDirectory(prefix="vllm-patch-obsolete-") as tmp:
             report = Path(tmp) / "junit.xml"
             env = {**os.environ, "VLLM_PATCH_PRISTINE_TREE": str(root), "VLLM_PATCH_PATCHED_TREE": str(root)}
             try:
-                subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
-                                node], cwd=project, env=env, capture_output=True, timeout=600)
+                done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                       f"--junitxml={report}", node], cwd=project, env=env, capture_output=True,
+                                      text=True, errors="replace", timeout=TEST_TIMEOUT)
+            except OSError as exc:
+                raise CheckNotRun(f"test {node} cannot run: {exc.strerror or exc}") from None
+            except subprocess.TimeoutExpired:
+                raise CheckNotRun(f"test {node} cannot run: it took more than {TEST_TIMEOUT} s") from None
+            _ran(node, done)
+            try:
                 suite = ET.parse(report).getroot()
-            except (OSError, subprocess.TimeoutExpired, ET.ParseError) as exc:
-                return False, f"test {node} did not run ({type(exc).__name__})"
+            except (OSError, ET.ParseError) as exc:
+                raise CheckNotRun(f"test {node} cannot run: pytest left no report ({exc})") from None
         suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
         counts = {k: int(suite.get(k, "0")) for k in ("tests", "failures", "errors", "skipped")} if suite is not None \
             else {"tests": 0}
-        ok = counts.get("tests", 0) > 0 and not any(counts.get(k, 0) for k in ("failures", "errors", "skipped"))
+        if not counts.get("tests", 0):
+            raise CheckNotRun(f"test {node} cannot run: pytest collected no test")
+        ok = not any(counts.get(k, 0) for k in ("failures", "errors", "skipped"))
         return ok, f"test {node}: " + ", ".join(f"{v} {k}" for k, v in counts.items())
     return run
+
+
+def _ran(node: str, done: subprocess.CompletedProcess) -> None:
+    """Refuse a pytest run that gave no verdict: exit 0 (passed) and 1 (failed) are verdicts;
+    pytest missing, a node not found (4), an interrupted collection (2) or no test (5) are not."""
+    text = f"{done.stdout}\n{done.stderr}"
+    if done.returncode and "No module named pytest" in text:  # python -m says so with exit 1
+        raise CheckNotRun(f"test {node} cannot run: pytest is not installed for {sys.executable} "
+                          "(pip install pytest, or vllm-patch's 'test' extra)")
+    if done.returncode in (0, 1):
+        return
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    said = next((line for line in lines if line.startswith(("ERROR", "E "))), lines[-1] if lines else "no output")
+    raise CheckNotRun(f"test {node} cannot run: pytest exited {done.returncode}: {' '.join(said.split())[:300]}")

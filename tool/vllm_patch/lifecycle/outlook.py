@@ -35,7 +35,7 @@ from ..errors import DownloadError, InputError, PatchFailed
 from ..infrastructure.downloads import index_files, index_url
 from ..series import Series
 from .merge3 import conflict_regions
-from .obsolete import Judge, project_test_runner
+from .obsolete import Judge, project_test_runner, validate
 from .rebase import Port, Step, follow, port
 from .upstream_trees import Moves, UpstreamCache, UpstreamTree, get_tree, version_of_tag
 
@@ -212,6 +212,7 @@ def build_outlook(series: Series, cache: UpstreamCache, releases: list[str] | No
                   progress: Callable[[int, int, str], None] | None = None, root: Path | None = None) -> Outlook:
     """The outlook of `series` over the chosen releases (see the module's docstring)."""
     started = time.perf_counter()
+    validate(list(series.patches), root)  # an invalid Obsolete-If is refused before anything runs
     notes: list[str] = []
     versions = select_releases(series.pin, releases, to, cache, notes)
     report = progress or (lambda done, total, what: None)

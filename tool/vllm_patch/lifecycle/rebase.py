@@ -39,7 +39,7 @@ from ..infrastructure.transaction import SeriesDir
 from ..lines import project_of
 from ..series import PATCH_DIR, SERIES_FILE, Series, parse_series_text
 from .merge3 import conflict_regions, marker_lines, merge_file
-from .obsolete import Judge, project_test_runner
+from .obsolete import Judge, project_test_runner, validate
 from .patchwriter import Header, PatchWriter
 from .pycheck import check_files
 from .upstream_trees import Moves, UpstreamCache, UpstreamTree
@@ -321,6 +321,7 @@ class Rebaser:
         unknown = [n for n in drops or {} if n not in self.series.names]
         if unknown:
             raise InputError(f"--drop {unknown[0]}: no such patch in the series")
+        validate(list(self.series.patches), project_of(self.root))
         # The index first: a release it does not have stops here, before any patch is ported or resolved,
         # and a stopped rebase goes on without the network.
         notes: list[str] = []
@@ -336,6 +337,7 @@ class Rebaser:
         """Go on after a stop: with the hand resolution under ``resolve/`` (checked first),
         or without the stopped patch (`skip`, or `drop` naming it), logged with `reason`."""
         state = self._load()
+        validate(list(self.series.patches), project_of(self.root))
         patch = self.series.patches[state.next_index]
         if drop is not None and drop != patch.name:
             raise InputError(f"--drop {drop}: the rebase stopped at {patch.name}; only the stopped patch can be "

@@ -34,7 +34,16 @@ class CheckoutTarget(Target):
             raise TargetError(f"{root} is not a git work tree") from None
         if self.repo.bare or self.repo.working_tree_dir is None:
             raise TargetError(f"{root} is a bare repository")
+        self._git_accepts(root)
         super().__init__(Path(self.repo.working_tree_dir).resolve())
+
+    def _git_accepts(self, root: Path) -> None:
+        """GitPython reads refs by itself, so a repository git refuses (e.g. "dubious ownership",
+        safe.directory) would only show up later as a missing commit: ask git once, up front."""
+        try:
+            self.repo.git.rev_parse("--git-dir")
+        except git.GitCommandError as exc:
+            raise TargetError(f"git refuses the checkout {root}: {_stderr(exc)}") from None
 
     @property
     def journal(self) -> Journal:

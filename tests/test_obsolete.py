@@ -1,0 +1,130 @@
+"""``Obsolete-If:`` trailers: what is a valid one, which tests may run, and a check that cannot
+run is an error, never a verdict (tool/vllm_patch/lifecycle/obsolete.py)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from helpers import build_series, snapshot
+from test_outlook import OLD, patched_layer, upstream  # noqa: F401 - the fixture
+from vllm_patch.cli import main
+from vllm_patch.engine.patchfile import parse_patch
+from vllm_patch.errors import InputError, VllmPatchError
+from vllm_patch.lifecycle.obsolete import Judge, conditions, project_test_runner
+from vllm_patch.lifecycle.outlook import build_outlook
+from vllm_patch.series import load_series
+
+DIFF = "diff --git a/f b/f\nindex 1..2 100644\n--- a/f\n+++ b/f\n@@ -1 +1 @@\n-a\n+b\n"
+PASSING = "def test_ok():\n    assert True\n\n\ndef test_bad():\n    assert False\n"
+
+
+def patch_with(*trailers: str):
+    header = "From: a <a@b>\nSubject: [PATCH] x\n\nWhy.\n\nOrigin: vendor\n" + \
+        "".join(f"Obsolete-If: {t}\n" for t in trailers) + "\n---\n"
+    return parse_patch("0001-x.patch", (header + DIFF).encode())
+
+
+def series_with(tmp_path: Path, trailer: str) -> Path:
+    """A series of one patch carrying `trailer`, in a project with a tests/ folder."""
+    root = build_series(tmp_path / "s", OLD, [("fix", {"vllm/layer.py": patched_layer()})],
+                        trailers=f"Origin: vendor\nObsolete-If: {trailer}\n")
+    (root / "tests").mkdir()
+    (root / "tests" / "test_p.py").write_text(PASSING)
+    return root
+
+
+@pytest.mark.parametrize("trailer, why", [
+    ('../vllm/a.py contains "x"', "unsafe path"),
+    ('/etc/passwd contains "root"', "unsafe path"),
+    ('vllm\\a.py matches "x"', "unsafe path"),
+    ('test "/any/path.py"', "tests/"),
+    ('test "tests/../evil.py::t"', "unsafe path"),
+    ('test "other/test_x.py::t"', "tests/"),
+    ('test "-p evil"', "tests/"),
+    ('test "tests/test_x.txt"', ".py"),
+])
+def test_invalid_trailer_is_bad_input(trailer, why):
+    with pytest.raises(InputError, match="0001-x.patch") as caught:
+        conditions(patch_with(trailer))
+    assert why in caught.value.message and "\n" not in caught.value.message, caught.value.message
+
+
+def evil_file(tmp_path: Path) -> tuple[Path, Path]:
+    """A Python file that leaves a mark when anything imports or runs it."""
+    mark = tmp_path / "ran"
+    evil = tmp_path / "elsewhere" / "evil.py"
+    evil.parent.mkdir()
+    evil.write_text(f"open({str(mark)!r}, 'w').write('ran')\n\ndef test_x():\n    pass\n")
+    return evil, mark
+
+
+@pytest.mark.parametrize("where", ["absolute", "dotdot", "symlink"])
+def test_outlook_never_runs_a_file_outside_the_projects_tests(upstream, tmp_path, where):  # noqa: F811
+    repo, cache = upstream
+    evil, mark = evil_file(tmp_path)
+    node = {"absolute": str(evil), "dotdot": "tests/../../elsewhere/evil.py", "symlink": "tests/link_test.py"}[where]
+    root = series_with(tmp_path, f'test "{node}"')
+    (root / "tests" / "link_test.py").symlink_to(evil)
+    with pytest.raises(InputError, match="Obsolete-If"):
+        build_outlook(load_series(root), cache, ["0.21.0"], repo=str(repo), root=root)
+    assert not mark.exists()
+
+
+def test_a_test_that_does_not_exist_is_an_invalid_trailer(upstream, tmp_path):  # noqa: F811
+    repo, cache = upstream
+    root = series_with(tmp_path, 'test "tests/test_missing.py::test_ok"')
+    with pytest.raises(InputError, match="test_missing.py.* does not exist"):
+        build_outlook(load_series(root), cache, ["0.21.0"], repo=str(repo), root=root)
+
+
+def judge_of(root: Path, tree: Path) -> Judge:
+    return Judge(lambda paths: {}, project_test_runner(root, lambda: tree))
+
+
+def test_a_test_node_that_does_not_exist_is_an_error_not_a_verdict(tmp_path):
+    root = series_with(tmp_path, 'test "tests/test_p.py::test_nope"')
+    with pytest.raises(VllmPatchError, match="test_nope") as caught:
+        judge_of(root, tmp_path).obsolete(load_series(root).patches[0])
+    assert "cannot run" in caught.value.message and caught.value.exit_code == 2
+
+
+def test_without_pytest_a_test_check_is_an_error_not_a_verdict(tmp_path, monkeypatch):
+    bare = tmp_path / "bare"
+    venv.create(bare, with_pip=False)
+    root = series_with(tmp_path, 'test "tests/test_p.py::test_ok"')
+    monkeypatch.setattr(sys, "executable", str(bare / "bin" / "python"))
+    with pytest.raises(VllmPatchError, match="pytest is not installed") as caught:
+        judge_of(root, tmp_path).obsolete(load_series(root).patches[0])
+    assert "cannot run" in caught.value.message and caught.value.exit_code == 2
+
+
+def test_without_a_runner_a_test_check_is_an_error_not_a_verdict():
+    with pytest.raises(VllmPatchError, match="cannot run"):
+        Judge(lambda paths: {}).obsolete(patch_with('test "tests/test_p.py::test_ok"'))
+
+
+def test_a_test_that_runs_gives_the_verdict(tmp_path):
+    root = series_with(tmp_path, 'test "tests/test_p.py::test_ok"')
+    assert judge_of(root, tmp_path).obsolete(load_series(root).patches[0])
+    root = series_with(tmp_path / "b", 'test "tests/test_p.py::test_bad"')
+    assert judge_of(root, tmp_path).obsolete(load_series(root).patches[0]) is None
+
+
+@pytest.mark.parametrize("command", [["outlook", "--releases", "0.21.0"], ["rebase", "v0.21.0"]])
+def test_invalid_trailer_is_one_line_exit_2_from_the_commands(upstream, tmp_path, monkeypatch, command):  # noqa: F811
+    repo, _ = upstream
+    monkeypatch.setenv("VLLM_PATCH_CACHE", str(tmp_path / "cache"))
+    evil, mark = evil_file(tmp_path)
+    root = series_with(tmp_path, f'test "{evil}"')
+    before = snapshot(root)
+    result = CliRunner().invoke(main, ["--series", str(root), *command, "--repo", str(repo)])
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Obsolete-If" in errors[0] and "0001-fix.patch" in errors[0], result.stderr
+    assert snapshot(root) == before and not mark.exists() and not os.path.exists(root / ".vllm-patch-rebase")
