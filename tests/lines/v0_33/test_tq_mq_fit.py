@@ -50,20 +50,23 @@ def _limits(mq, device):
 @pytest.mark.parametrize("mse_bits", sorted(set(MSE.values())))
 def test_consumer_parts_get_tiles_whose_operands_fit(mq, mse_bits):
     """Qwen3.6-27B, MTP K=3: the H100 keeps 32 rows x the widest BLOCK_N (128 KiB staged); a 99 KiB part gets
-    no tiling over its limit, and still one pass over the cache (all 24 rows in one 32-row tile)."""
+    no tiling over its limit: 4-bit keys keep one pass over the cache (all 24 rows in one 32-row tile, half the
+    tokens per step), 3-bit keys, whose widest step is already 32 tokens, take two 16-row tiles (32 x 16 tiles
+    come last: slower on the H100)."""
     k1, group, d = 4, 6, 256
     h100 = mq.tq_mq_verify_candidates(k1, group, d, mse_bits, False, _limits(mq, H100))
     consumer = mq.tq_mq_verify_candidates(k1, group, d, mse_bits, False, _limits(mq, RTX_3090))
     widest = h100[0]
-    assert (widest.block_m, widest.m_tiles) == (32, 1)
+    assert (widest.block_m, widest.m_tiles, widest.block_n) == (32, 1, 64 if mse_bits == 4 else 32)
     assert mq.tq_mq_staged_bytes(widest.block_m, widest.block_n, d, mse_bits, False) == 131072
     assert widest not in consumer
     for tiles in consumer:
         assert mq.tq_mq_staged_bytes(tiles.block_m, tiles.block_n, d, mse_bits, False) <= RTX_3090[0]
-    assert (consumer[0].block_m, consumer[0].m_tiles) == (32, 1)
-    assert consumer[0].block_n == widest.block_n // 2
-    # Best first: never a narrower M tile before a wider one.
-    assert [t.block_m for t in consumer] == sorted((t.block_m for t in consumer), reverse=True)
+    first = consumer[0]
+    assert (first.block_m, first.m_tiles, first.block_n) == ((32, 1, 32) if mse_bits == 4 else (16, 2, 32))
+    # 16-token steps only after every wider one.
+    steps = [t.block_n for t in consumer]
+    assert steps == sorted(steps, key=lambda n: n < 32)
 
 
 def test_staged_bytes_match_the_compiled_kernels(mq):
