@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -7,6 +8,7 @@ import pytest
 from helpers import PIN_LINES
 from vllm_patch.engine.pin import pin_from_fields
 from vllm_patch.errors import InputError
+from vllm_patch.infrastructure import readfile
 from vllm_patch.series import load_series, parse_series_text
 
 
@@ -64,3 +66,29 @@ def test_loads_a_real_format_patch_series(two_patch_series: Path):
     assert series.touched_paths() == ("vllm/a.py", "vllm/b.py", "vllm/new_kernel.py")
     assert series.patches[0].trailer("Origin") == "vendor"
     assert len(series.digest) == 12
+
+
+@pytest.mark.parametrize("which", ["series", "patch"])
+def test_a_series_or_patch_that_is_a_device_is_refused_unread(two_patch_series: Path, which: str):
+    """A symlink to /dev/zero would be read without end: it is refused, naming the file."""
+    path = two_patch_series / "series" if which == "series" else two_patch_series / "patches/0001-first-fix.patch"
+    path.unlink()
+    path.symlink_to("/dev/zero")
+    with pytest.raises(InputError, match=rf"^{path} is not a regular file"):
+        load_series(two_patch_series)
+
+
+def test_a_series_that_is_a_fifo_is_refused_unread(two_patch_series: Path):
+    path = two_patch_series / "series"
+    path.unlink()
+    os.mkfifo(path)  # opening it would block until a writer came
+    with pytest.raises(InputError, match="is not a regular file"):
+        load_series(two_patch_series)
+
+
+def test_an_oversized_patch_is_refused(two_patch_series: Path, monkeypatch):
+    monkeypatch.setattr(readfile, "PATCH_LIMIT", 1024)
+    path = two_patch_series / "patches/0001-first-fix.patch"
+    path.write_bytes(path.read_bytes() + b" " * 2048)
+    with pytest.raises(InputError, match=rf"^{path} is larger than 1 KiB"):
+        load_series(two_patch_series)

@@ -22,6 +22,8 @@ from .engine.analysis import touched
 from .engine.patchfile import Patch, check_path, parse_patch
 from .engine.pin import PIN_KEYS, Pin, pin_from_fields
 from .errors import InputError
+from .infrastructure import readfile
+from .infrastructure.readfile import read_regular
 
 SERIES_FILE = "series"
 PATCH_DIR = "patches"
@@ -80,13 +82,14 @@ def parse_series_text(text: str) -> tuple[dict[str, str], list[str]]:
 
 
 def load_series(root: Path) -> Series:
-    """Read ``root/series`` and every patch it names from ``root/patches``."""
+    """Read ``root/series`` and every patch it names from ``root/patches`` (regular files of
+    bounded size only)."""
     series_path = root / SERIES_FILE
     try:
-        text = series_path.read_text(encoding="utf-8")
+        text = read_regular(series_path, readfile.SERIES_LIMIT).decode("utf-8")
     except FileNotFoundError:
         raise InputError(f"no series file at {series_path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
         raise InputError(f"cannot read {series_path}: {exc}") from None
     fields, names = parse_series_text(text)
     pin = pin_from_fields(fields)
@@ -94,11 +97,9 @@ def load_series(root: Path) -> Series:
     for name in names:
         path = root / PATCH_DIR / name
         try:
-            data = path.read_bytes()
+            data = read_regular(path, readfile.PATCH_LIMIT)
         except FileNotFoundError:
             raise InputError(f"series names {name}, but {path} does not exist") from None
-        except OSError as exc:
-            raise InputError(f"cannot read {path}: {exc}") from None
         patches.append(parse_patch(name, data))
     return Series(pin, tuple(patches))
 
