@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from helpers import PIN_LINES
-from vllm_patch.engine.pin import pin_from_fields
+from vllm_patch.engine.pin import pin_from_fields, pin_lines
 from vllm_patch.errors import InputError
 from vllm_patch.infrastructure import readfile
 from vllm_patch.series import load_series, parse_series_text
@@ -92,3 +92,30 @@ def test_an_oversized_patch_is_refused(two_patch_series: Path, monkeypatch):
     path.write_bytes(path.read_bytes() + b" " * 2048)
     with pytest.raises(InputError, match=rf"^{path} is larger than 1 KiB"):
         load_series(two_patch_series)
+
+
+def test_pin_declares_the_later_releases_it_is_proven_on():
+    pin = pin_from_fields(parse_series_text(PIN_LINES + "#: also = 0.20.1 0.20.2\n")[0])
+    assert pin.also == ("0.20.1", "0.20.2") and pin.releases == ("0.20.0", "0.20.1", "0.20.2")
+    assert pin.covers("0.20.2") and pin.covers("0.20.1+vp.abc") and pin.covers("0.20.0")
+    assert not pin.covers("0.20.3") and not pin.covers("garbage")
+    assert not pin.matches_version("0.20.1")  # the pin itself (its wheel, its commit) stays 0.20.0
+    assert pin_from_fields(parse_series_text("\n".join(pin_lines(pin)) + "\n")[0]) == pin
+    assert pin_from_fields(parse_series_text(PIN_LINES)[0]).also == ()
+
+
+@pytest.mark.parametrize(("also", "message"), [
+    ("0.20.1 0.20.1", "twice"), ("0.20.0", "twice"), ("0.20.x", "not a valid version")])
+def test_bad_also_releases(also, message):
+    with pytest.raises(InputError, match=message):
+        pin_from_fields(parse_series_text(PIN_LINES + f"#: also = {also}\n")[0])
+
+
+def test_errors_name_the_series_file(tmp_path: Path):
+    (tmp_path / "patches").mkdir()
+    (tmp_path / "series").write_text(PIN_LINES + "#: color = red\n")
+    with pytest.raises(InputError, match=rf"^{tmp_path / 'series'} line \d+: expected"):
+        load_series(tmp_path)
+    (tmp_path / "series").write_text("#: version = 0.20.0\n")
+    with pytest.raises(InputError, match=rf"^{tmp_path / 'series'}: the pin lacks"):
+        load_series(tmp_path)
