@@ -33,6 +33,8 @@ def test_each_line_checks_on_its_pinned_release(line):
 
 
 def test_the_v0_20_line_applies_to_the_later_0_20_releases():
+    """The releases line v0.20 declares (``#: also``) are the ones checked here."""
+    assert line_named(PROJECT, "v0.20").load().pin.also == ("0.20.1", "0.20.2")
     result = run_cli("--line", "v0.20", "outlook", "--releases", "0.20.1,0.20.2", "--json", cwd=PROJECT)
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)

@@ -242,7 +242,7 @@ def status(ctx, target_spec, python, kind, wait, as_json, full, expect) -> None:
     """Show each patch's state on a target, the vLLM version/commit against the pin,
     and RECORD integrity."""
     target = _open(target_spec, python, kind)
-    series, line_note = _series_for(ctx, target, True)
+    series, line_note = _series_for(ctx, target, False)
     outcome = operations.status(target, series, full, wait, force=True, on_wait=_waiting, expect=expect)
     _emit(_noted(outcome, line_note), as_json)
     sys.exit(EXIT_OK if outcome.ok else EXIT_PATCH_FAILED)
