@@ -148,6 +148,8 @@ def test_a_release_the_line_declares_gets_the_line_without_force(project, tree, 
         assert [p["name"] for p in data["patches"]] == ["0001-old-fix.patch"], command
         assert {p["state"] for p in data["patches"]} == {before}, command
         assert any("release line v0.19" in n for n in data["notes"]), command
+        digest = json.loads(run_cli("--series", str(project), "--line", "v0.19", "series", "--json").stdout)["digest"]
+        assert data["series_from"] == f"series {digest} from {project / 'lines' / 'v0.19'}", command
     assert snapshot(later) == snapshot(_at_version(tree, tmp_path / "pristine", "0.19.2"))
     listed = run_cli("--series", str(project), "apply", "--target", str(_at_version(tree, tmp_path / "n", "0.33.0")))
     assert listed.returncode == 2

@@ -37,6 +37,7 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
     dry_run: bool = False
     ok: bool = True
+    series_from: str | None = None  # where the series came from (a checkout path, or bundled)
 
     @property
     def verdict(self) -> str:
@@ -206,13 +207,13 @@ def outlook(series: Series, releases: list[str] | None = None, to: str | None = 
 
 
 def series_for(project: Path, target: Target, line: str | None = None,
-               force: bool = False) -> tuple[Series, str | None]:
-    """The series to use on `target` and a note saying which line it is (`lines.choose_line`:
-    the same rule for apply, revert and status)."""
+               force: bool = False) -> tuple[Series, str | None, Path]:
+    """The series to use on `target`, a note saying which line it is (`lines.choose_line`: the
+    same rule for apply, revert and status), and the line's directory."""
     from .lines import choose_line
 
     chosen, note = choose_line(project, target.found().version, line, force)
-    return chosen.load(), note
+    return chosen.load(), note, chosen.root
 
 
 def build_wheel(series: Series, source: Path | None, out_dir: Path, quiet: bool = False):

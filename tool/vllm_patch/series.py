@@ -15,7 +15,6 @@ Format (quilt-compatible: quilt sees the pin as comments)::
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,19 +103,3 @@ def load_series(root: Path) -> Series:
             raise InputError(f"series names {name}, but {path} does not exist") from None
         patches.append(parse_patch(name, data))
     return Series(pin, tuple(patches))
-
-
-def find_series_root(start: Path | None = None) -> Path:
-    """Where the series lives: $VLLM_PATCH_SERIES, else the nearest directory upwards
-    from `start` holding ``series`` and ``patches/``, else the project's own checkout."""
-    env = os.environ.get("VLLM_PATCH_SERIES")
-    if env:
-        return Path(env)
-    here = (start or Path.cwd()).resolve()
-    for d in (here, *here.parents):
-        if (d / SERIES_FILE).is_file() and (d / PATCH_DIR).is_dir():
-            return d
-    project = Path(__file__).resolve().parents[2]
-    if (project / SERIES_FILE).is_file():
-        return project
-    raise InputError("no series found: run inside the vllm-patch repository, or pass --series DIR")
