@@ -119,3 +119,10 @@ def test_errors_name_the_series_file(tmp_path: Path):
     (tmp_path / "series").write_text("#: version = 0.20.0\n")
     with pytest.raises(InputError, match=rf"^{tmp_path / 'series'}: the pin lacks"):
         load_series(tmp_path)
+
+
+def test_a_malformed_patch_is_named_by_its_path(two_patch_series: Path):
+    path = two_patch_series / "patches/0001-first-fix.patch"
+    path.write_bytes(path.read_bytes().replace(b"\n@@ ", b"\n@@ garbage ", 1))
+    with pytest.raises(InputError, match=rf"^{path}: "):
+        load_series(two_patch_series)

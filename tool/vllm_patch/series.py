@@ -101,5 +101,8 @@ def load_series(root: Path) -> Series:
             data = read_regular(path, readfile.PATCH_LIMIT)
         except FileNotFoundError:
             raise InputError(f"series names {name}, but {path} does not exist") from None
-        patches.append(parse_patch(name, data))
+        try:
+            patches.append(parse_patch(name, data))
+        except InputError as exc:  # name the file, not only the patch: lines share patch names
+            raise InputError(f"{path}: {exc.message.removeprefix(f'{name}: ')}") from None
     return Series(pin, tuple(patches))
