@@ -73,3 +73,26 @@ def test_cli_series_says_where_it_came_from(two_patch_series):
     assert shown.returncode == 0, shown.stderr
     digest = load_series(two_patch_series).digest
     assert shown.stdout.splitlines()[0] == f"series {digest} from {two_patch_series}"
+
+
+def test_the_bundled_series_is_read_only(two_patch_series):
+    SeriesHome(two_patch_series).check_writable()
+    with pytest.raises(InputError, match=f"bundled with vllm-patch {__version__} is read-only"):
+        SeriesHome(two_patch_series, bundled=True).check_writable()
+
+
+def test_commands_that_edit_the_series_refuse_the_bundled_one(two_patch_series, away, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from vllm_patch.cli import main
+
+    monkeypatch.setattr(locate, "bundled_root", lambda: two_patch_series)
+    before = {p: p.read_bytes() for p in two_patch_series.rglob("*") if p.is_file()}
+    for args in (["rebase", "v0.21.0"], ["refresh", "0001-first-fix.patch", "--from", str(tmp_path)],
+                 ["import", str(two_patch_series / "patches/0001-first-fix.patch")]):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert "is read-only" in result.output, args
+    assert {p: p.read_bytes() for p in two_patch_series.rglob("*") if p.is_file()} == before
+    shown = CliRunner().invoke(main, ["series"])
+    assert shown.exit_code == 0 and "bundled with vllm-patch" in shown.output

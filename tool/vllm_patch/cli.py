@@ -44,6 +44,12 @@ def _line_root(ctx: click.Context) -> Path:
     return line_named(_root(ctx), name).root if name else _root(ctx)
 
 
+def _editable_root(ctx: click.Context) -> Path:
+    """The line's directory for a command that edits the series: never the copy bundled with the tool."""
+    _home(ctx).check_writable()
+    return _line_root(ctx)
+
+
 def _series(ctx: click.Context) -> Series:
     """The series of --line NAME, else the top-level one (the current release's)."""
     return load_series(_line_root(ctx))
@@ -307,7 +313,7 @@ def rebase(ctx: click.Context, tag: str | None, resume: bool, skip: bool, drops:
     """Rebase the series onto TAG (e.g. v0.21.0): clean, merged, upstreamed or obsolete (dropped), or conflict."""
     from .lifecycle.rebase import RebaseConflict
 
-    root = _line_root(ctx)
+    root = _editable_root(ctx)
     try:
         result = operations.rebase(root, tag, resume, skip, drops, reason, allow_new, abort, repo, quiet=as_json,
                                    on_recovered=lambda what: err.print(f"recovered: {what}"))
@@ -369,7 +375,7 @@ def outlook(ctx: click.Context, releases: str | None, to_tag: str | None, repo: 
 
 
 def _author(ctx: click.Context, upstream: str | None, quiet: bool):
-    return operations.author(_line_root(ctx), upstream, quiet)
+    return operations.author(_editable_root(ctx), upstream, quiet)
 
 
 def _authored(result, as_json: bool) -> None:
@@ -456,7 +462,7 @@ def import_cmd(ctx, source, repo, name, subject, author, origin, bug, forwarded,
     def header_for(single: bool):
         return _header(name if single else None, subject if single else None, author, origin, bug, forwarded)
 
-    root = _line_root(ctx)
+    root = _editable_root(ctx)
     for result in operations.import_patches(root, source, repo, header_for, unique, upstream, as_json):
         _authored(result, as_json)
 

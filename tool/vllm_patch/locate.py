@@ -31,6 +31,13 @@ class SeriesHome:
     root: Path
     bundled: bool = False
 
+    def check_writable(self) -> None:
+        """Refuse the bundled copy to the commands that edit a series (rebase, refresh, new, import):
+        it lives inside the installed package, and the next install would silently undo the edit."""
+        if self.bundled:
+            raise InputError(f"the series bundled with vllm-patch {__version__} is read-only; edit a checkout "
+                             "of it (run there, or pass --series DIR)")
+
     def describe(self, series_root: Path, series: Series) -> str:
         """Where `series` (read from `series_root`, this home or a line of it) came from, for output."""
         where = f"bundled with vllm-patch {__version__}" if self.bundled else f"from {series_root}"
