@@ -197,3 +197,9 @@ def test_a_broken_line_only_affects_choices_that_need_it(project, tree, tmp_path
         assert len(lines) == 1 and lines[0].startswith("error: cannot choose a release line for vLLM 0.19.1: "), lines
         assert str(broken) in lines[0], lines
     assert snapshot(old) == before
+
+
+def test_a_directory_without_a_series_says_so(tree, tmp_path):
+    result = run_cli("--series", str(tmp_path / "nothing"), "status", "--target", str(tree))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"error: no series file at {tmp_path / 'nothing' / 'series'}"]

@@ -97,6 +97,8 @@ def choose_line(project: Path, version: str | None, name: str | None = None,
         chosen = line_named(project, name)
         return chosen, f"release line {chosen.name} (chosen with --line)"
     lines = lines_of(project)
+    if not lines:  # no series at all: loading it says so, naming the file
+        return Line(CURRENT, project), None
     if len(lines) == 1 and version is None:
         return lines[0], None
     try:
