@@ -3,32 +3,42 @@
 #   make image                  # default target "patched": apply the series in place
 #   make image-wheel            # target "from-wheel": install dist/vllm-*+vp.*.whl instead
 #
-# The default base is the current line's pinned release (the top-level series, vLLM 0.33.0); the image carries
-# every line (lines/), and applies the one pinned to the base image's vLLM, e.g. line v0.20 on
+# The default base is the current line's pinned release (the top-level series, vLLM 0.33.0); the tool's
+# wheel bundles every line (built from series, patches/ and lines/ by setup.py), and the image applies
+# the one proven on the base image's vLLM, e.g. line v0.20 on
 #   make image LINE=v0.20       # VLLM_IMAGE=vllm/vllm-openai:v0.20.0
 # Pin the base image by digest for reproducible builds, e.g.
 #   make image VLLM_IMAGE=vllm/vllm-openai:v0.33.0@sha256:<digest>
 # (`docker buildx imagetools inspect vllm/vllm-openai:v0.33.0` prints the digest).
 #
-# The tool runs from a virtualenv of its own (/opt/vllm-patch/venv): nothing it needs is
-# installed into vLLM's environment, whose `pip freeze` the build records before the series
-# and compares after it (only the vllm line may differ, in the from-wheel target).
+# The tool is installed from its own wheel, as users install it (no series next to a source tree),
+# into a virtualenv of its own (/opt/vllm-patch/venv): nothing it needs is installed into vLLM's
+# environment, whose `pip freeze` the build records before the series and compares after it (only
+# the vllm line may differ, in the from-wheel target).
 ARG VLLM_IMAGE=vllm/vllm-openai:v0.33.0
-# The release line (empty: the one pinned to the image's vLLM).
+# The release line (empty: the one proven on the image's vLLM).
 ARG LINE=
+
+# The tool's wheel, with the release lines inside it; only the wheel leaves this stage.
+FROM ${VLLM_IMAGE} AS tool-wheel
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+COPY pyproject.toml setup.py MANIFEST.in README.md series /src/
+COPY tool /src/tool
+COPY patches /src/patches
+COPY lines /src/lines
+RUN python3 -m pip wheel --no-cache-dir --no-deps /src -w /wheels
 
 FROM ${VLLM_IMAGE} AS tool
 ARG LINE
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-COPY pyproject.toml README.md series /opt/vllm-patch/src/
-COPY tool /opt/vllm-patch/src/tool
-COPY patches /opt/vllm-patch/src/patches
-COPY lines /opt/vllm-patch/src/lines
-RUN python3 -m pip freeze --all > /opt/vllm-patch/freeze-before.txt \
+COPY --from=tool-wheel /wheels /tmp/tool-wheels
+RUN mkdir -p /opt/vllm-patch \
+    && python3 -m pip freeze --all > /opt/vllm-patch/freeze-before.txt \
     && python3 -m venv /opt/vllm-patch/venv \
-    && /opt/vllm-patch/venv/bin/pip install --no-cache-dir /opt/vllm-patch/src \
+    && /opt/vllm-patch/venv/bin/pip install --no-cache-dir /tmp/tool-wheels/vllm_patch-*.whl \
+    && rm -rf /tmp/tool-wheels \
     && ln -s /opt/vllm-patch/venv/bin/vllm-patch /usr/local/bin/vllm-patch
-ENV VLLM_PATCH_SERIES=/opt/vllm-patch/src VLLM_PATCH_LINE=${LINE}
+ENV VLLM_PATCH_LINE=${LINE}
 
 FROM tool AS from-wheel
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]

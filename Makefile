@@ -8,17 +8,25 @@ SERIES_ARGS ?= $(if $(LINE),--line $(LINE))
 LINE_DIR := $(if $(filter-out current,$(LINE)),lines/$(LINE),.)
 PIN_VERSION := $(shell sed -n 's/^\#: version = //p' $(LINE_DIR)/series 2>/dev/null)
 
-.PHONY: help setup check wheel image image-wheel image-base test unit lint bench gpu-bundle gpu-kernel-pack gpu-stack-bundle gpu-test clean
+.PHONY: help setup dev check wheel image image-wheel image-base test unit lint bench gpu-bundle gpu-kernel-pack gpu-stack-bundle gpu-test clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
 
-$(BIN)/vllm-patch: pyproject.toml
+# The tool alone (what `make check`/`make wheel` need); the test and kernel extras come with DEV.
+$(BIN)/vllm-patch: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -e .
+	@touch $@
+
+DEV := $(VENV)/.dev-installed
+$(DEV): $(BIN)/vllm-patch
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,kernels]'
 	@touch $@
 
-setup: $(BIN)/vllm-patch ## create .venv with vllm-patch and the test tools
+setup: $(BIN)/vllm-patch ## create .venv with vllm-patch (the tool only)
+
+dev: $(DEV) ## add the test and kernel-test tools to .venv (make unit/test/lint do)
 
 check: setup ## check the series on the pinned vLLM release (downloads and caches its sdist)
 	$(BIN)/vllm-patch $(SERIES_ARGS) series
@@ -38,28 +46,28 @@ image-wheel: wheel ## build the container image from the patched wheel in dist/
 image-base: wheel ## a local stand-in for vllm/vllm-openai (Debian + the real wheel), for hosts without a registry
 	@scripts/image-base "$$($(BIN)/python -c 'from pathlib import Path; from vllm_patch.series import load_series; from vllm_patch.infrastructure.downloads import fetch; print(fetch(load_series(Path("$(LINE_DIR)")).pin.wheel, quiet=True))')" localhost/vllm-base:$(PIN_VERSION)
 
-lint: setup ## ruff and hadolint
+lint: $(DEV) ## ruff and hadolint
 	$(BIN)/ruff check tool tests benchmarks
 	$(BIN)/hadolint --failure-threshold warning Dockerfile
 
 # An empty cache and an index nobody answers: a fast test that reaches for the network fails.
-unit: setup ## the fast tests only (no download: checked, with an empty cache and no index)
+unit: $(DEV) ## the fast tests only (no download: checked, with an empty cache and no index)
 	@cache=$$(mktemp -d) && VLLM_PATCH_CACHE=$$cache VLLM_PATCH_INDEX_URL=http://127.0.0.1:9/simple \
 		$(BIN)/pytest -q -m "not integration" -p no:cacheprovider; rc=$$?; rm -rf "$$cache"; exit $$rc
 
-test: setup lint ## lint, then every test (the real vLLM sdist and wheel are downloaded once and cached)
+test: $(DEV) lint ## lint, then every test (the real vLLM sdist and wheel are downloaded once and cached)
 	$(BIN)/pytest -q
 
-bench: setup ## benchmark check/apply/revert on the real vLLM tree
+bench: $(DEV) ## benchmark check/apply/revert on the real vLLM tree
 	$(BIN)/python benchmarks/bench_core.py
 
-gpu-bundle: setup ## make the offline bundle for a GPU host in .gpu/ (line v0.20: slimmed pinned wheel + the wheels it needs)
+gpu-bundle: $(DEV) ## make the offline bundle for a GPU host in .gpu/ (line v0.20: slimmed pinned wheel + the wheels it needs)
 	$(BIN)/python tests/gpu/bundle.py --out .gpu
 
-gpu-kernel-pack: setup ## make the small pack for kernel-level GPU runs in .gpu/kt (line v0.20's sources + patched, no wheel)
+gpu-kernel-pack: $(DEV) ## make the small pack for kernel-level GPU runs in .gpu/kt (line v0.20's sources + patched, no wheel)
 	$(BIN)/python tests/gpu/kernel_pack.py --out .gpu/kt
 
-gpu-stack-bundle: setup ## a release line's own torch/triton/NCCL/vLLM for a GPU host, in .gpu/vX.Y/pNN (LINE=current default)
+gpu-stack-bundle: $(DEV) ## a release line's own torch/triton/NCCL/vLLM for a GPU host, in .gpu/vX.Y/pNN (LINE=current default)
 	$(BIN)/python tests/gpu/stack_bundle.py --line $(or $(LINE),current) $(STACK_ARGS)
 	$(BIN)/pip wheel -q --disable-pip-version-check . -w .gpu/tool-wheels
 

@@ -7,11 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-# The pin of the project's release line v0.20 (only its '#:' lines), so test series pin what a real one pins:
-# vLLM 0.20.0, whose real sdist and wheel the integration tests edit (tests/realvllm.py).
+# The pin of the project's release line v0.20 (only its '#:' lines, less the later releases it declares with
+# '#: also'), so test series pin what a real one pins: vLLM 0.20.0, whose real sdist and wheel the integration
+# tests edit (tests/realvllm.py).
 PIN_LINES = "".join(line + "\n" for line in
                     (Path(__file__).resolve().parents[1] / "lines" / "v0.20" / "series").read_text().splitlines()
-                    if line.startswith("#:"))
+                    if line.startswith("#:") and not line.startswith("#: also"))
 
 VERSION_PY = b"__version__ = version = '0.20.0'\n__commit_id__ = commit_id = 'gb8160878f'\n"
 

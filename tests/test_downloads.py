@@ -143,3 +143,22 @@ def test_concurrent_fetches_of_one_artifact_both_succeed(index):
     assert hashlib.sha256(results[0].read_bytes()).hexdigest() == index["indexed"]
     assert sorted(p.name for p in results[0].parent.iterdir()) == ["vllm-0.20.0.tar.gz"]
     assert results[0].stat().st_mode & 0o777 == 0o644
+
+
+def test_download_off_a_terminal_says_every_tenth_in_one_line(index, capsys):
+    """A CI log or a pipe gets one line per 10% of the download, not a bar and not silence."""
+    payload = bytes(range(256)) * (11 * 4096)  # 11 MiB: read in 1 MiB blocks, one line per tenth
+    index["payload"], index["indexed"] = payload, hashlib.sha256(payload).hexdigest()
+    path = upstream.fetch(Artifact("vllm-0.20.0.tar.gz", index["indexed"]))
+    assert path.read_bytes() == payload
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert [line.split(": ", 1)[1].split("%")[0] for line in lines] == [str(p) for p in range(10, 101, 10)]
+    assert all(line.startswith("downloading vllm-0.20.0.tar.gz: ") for line in lines)
+    assert lines[-1].endswith("(11.5 of 11.5 MB)")
+
+
+def test_quiet_download_says_nothing(index, capsys):
+    upstream.fetch(Artifact("vllm-0.20.0.tar.gz", index["indexed"]), quiet=True)
+    assert capsys.readouterr().err == ""

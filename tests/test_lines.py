@@ -123,3 +123,83 @@ def test_authoring_takes_the_line(project, base_files, tmp_path, monkeypatch):
     assert (project / "lines" / "v0.19" / "patches" / "0002-a-line-fix.patch").is_file()
     assert not (project / "patches" / "0002-a-line-fix.patch").exists()
     assert project_of(project / "lines" / "v0.19") == project and project_of(project) == project
+
+
+def _declare(series_dir: Path, also: str) -> None:
+    text = (series_dir / "series").read_text()
+    (series_dir / "series").write_text(re.sub(r"(?m)^(#: wheel = .*)$", rf"\1\n#: also = {also}", text))
+
+
+def _at_version(tree: Path, dest: Path, version: str) -> Path:
+    shutil.copytree(tree, dest)
+    (dest / "vllm/_version.py").write_bytes(f"__version__ = version = '{version}'\n".encode())
+    return dest
+
+
+def test_a_release_the_line_declares_gets_the_line_without_force(project, tree, tmp_path):
+    """Line v0.19 declares 0.19.2 (``#: also``): a 0.19.2 target gets it for apply, status and revert."""
+    _declare(project / "lines" / "v0.19", "0.19.2 0.19.3")
+    later = _at_version(tree, tmp_path / "later", "0.19.2")
+    assert line_for(project, "0.19.2").name == "v0.19"
+    for command, before in (("apply", "applies"), ("status", "applied"), ("revert", "applied")):
+        result = run_cli("--series", str(project), command, "--target", str(later), "--json")
+        assert result.returncode == 0, (command, result.stderr)
+        data = json.loads(result.stdout)
+        assert [p["name"] for p in data["patches"]] == ["0001-old-fix.patch"], command
+        assert {p["state"] for p in data["patches"]} == {before}, command
+        assert any("release line v0.19" in n for n in data["notes"]), command
+        digest = json.loads(run_cli("--series", str(project), "--line", "v0.19", "series", "--json").stdout)["digest"]
+        assert data["series_from"] == f"series {digest} from {project / 'lines' / 'v0.19'}", command
+    assert snapshot(later) == snapshot(_at_version(tree, tmp_path / "pristine", "0.19.2"))
+    listed = run_cli("--series", str(project), "apply", "--target", str(_at_version(tree, tmp_path / "n", "0.33.0")))
+    assert listed.returncode == 2
+    assert "v0.19 (vLLM 0.19.1, 0.19.2, 0.19.3)" in listed.stderr
+
+
+def test_status_on_a_vllm_no_line_covers_says_so_in_one_line(project, tree, tmp_path):
+    """status chooses the line as apply does: no line for 0.19.2 is exit 2, not the current line's table."""
+    for version in ("0.19.2", "0.33.0"):
+        target = _at_version(tree, tmp_path / version, version)
+        before = snapshot(target)
+        result = run_cli("--series", str(project), "status", "--target", str(target))
+        assert result.returncode == 2, result.stdout
+        assert result.stdout == ""
+        assert result.stderr.strip().splitlines() == [
+            f"error: no release line of this project is pinned to vLLM {version}; there are: current (vLLM 0.20.0), "
+            "v0.19 (vLLM 0.19.1); pass --line NAME --force to use one anyway"]
+        assert snapshot(target) == before
+    # --line still chooses for status (a mismatch is then a note).
+    chosen = run_cli("--series", str(project), "--line", "current", "status", "--target", str(tmp_path / "0.33.0"))
+    assert chosen.returncode == 0, chosen.stderr
+
+
+@pytest.mark.parametrize("breakage", ["malformed", "dev-zero"])
+def test_a_broken_line_only_affects_choices_that_need_it(project, tree, tmp_path, breakage):
+    """A malformed lines/v0.19/series: a target of the current line still gets its line; a target
+    the broken line might cover is refused in one line naming the file."""
+    broken = project / "lines" / "v0.19" / "series"
+    if breakage == "malformed":
+        broken.write_text(broken.read_text().replace("#: tag = v0.19.1", "#: tag v0.19.1"))
+    else:
+        broken.unlink()
+        broken.symlink_to("/dev/zero")
+    assert line_for(project, "0.20.0").name == CURRENT
+    result = run_cli("--series", str(project), "apply", "--target", str(tree), "--json")
+    assert result.returncode == 0, result.stderr
+    assert [p["name"] for p in json.loads(result.stdout)["patches"]] == ["0001-first-fix.patch",
+                                                                         "0002-second-fix.patch"]
+    old = _at_version(tree, tmp_path / "old", "0.19.1")
+    before = snapshot(old)
+    for command in ("apply", "status", "revert"):
+        refused = run_cli("--series", str(project), command, "--target", str(old))
+        assert refused.returncode == 2, (command, refused.stdout)
+        lines = refused.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: cannot choose a release line for vLLM 0.19.1: "), lines
+        assert str(broken) in lines[0], lines
+    assert snapshot(old) == before
+
+
+def test_a_directory_without_a_series_says_so(tree, tmp_path):
+    result = run_cli("--series", str(tmp_path / "nothing"), "status", "--target", str(tree))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"error: no series file at {tmp_path / 'nothing' / 'series'}"]

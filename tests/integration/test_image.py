@@ -1,7 +1,8 @@
 """The container image, built for real with buildah from the project's Dockerfile, on a local
 stand-in for vllm/vllm-openai (``scripts/image-base``: Debian, Python and the real vLLM 0.20.0
-wheel installed --no-deps), since no image registry is reachable. The image carries every release line
-and applies the one pinned to its vLLM: here line v0.20, not the current (top-level) one.
+wheel installed --no-deps), since no image registry is reachable. The image installs the tool's own wheel,
+which bundles every release line, and applies the one proven on its vLLM: here line v0.20, not the current
+(top-level) one.
 
 Both targets build (each runs ``status --expect applied`` and compares vLLM's ``pip freeze``
 with the one taken before the tool came in); then a container of each result is asked again,
@@ -50,11 +51,12 @@ def base_image(wheel_file, pin) -> str:
 
 @pytest.fixture(scope="module")
 def context(tmp_path_factory, wheel_file) -> Path:
-    """What the Dockerfile copies: the project's tool, series, patches and lines, and dist/ with the
-    patched wheel the tool builds (with line v0.20) from the real one."""
+    """What the Dockerfile copies: what the tool's wheel is built from (the package, its build step,
+    series, patches and lines), and dist/ with the patched wheel the tool builds (with line v0.20)
+    from the real one."""
     ctx = tmp_path_factory.mktemp("image") / "ctx"
     ctx.mkdir()
-    for name in ("Dockerfile", "pyproject.toml", "README.md", "series"):
+    for name in ("Dockerfile", "pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "series"):
         shutil.copy2(PROJECT / name, ctx / name)
     for name in ("tool", "patches", "lines"):
         shutil.copytree(PROJECT / name, ctx / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
@@ -93,6 +95,7 @@ def test_image_builds_and_reports_every_patch_applied(base_image, context, targe
     assert report["verdict"] == "applied"
     assert [(p["name"], p["state"]) for p in report["patches"]] == [(n, "applied") for n in names]
     assert any(f"release line {LINE}" in note for note in report["notes"]), report["notes"]
+    assert "bundled with vllm-patch" in report["series_from"], report["series_from"]
 
     # The tool lives in its own virtualenv: vLLM's interpreter sees no new distribution.
     freeze = run_in(image, "python3", "-m", "pip", "freeze", "--all")

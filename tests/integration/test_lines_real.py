@@ -5,6 +5,7 @@ releases (the line's users upgrade within it)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,8 @@ def test_each_line_checks_on_its_pinned_release(line):
 
 
 def test_the_v0_20_line_applies_to_the_later_0_20_releases():
+    """The releases line v0.20 declares (``#: also``) are the ones checked here."""
+    assert line_named(PROJECT, "v0.20").load().pin.also == ("0.20.1", "0.20.2")
     result = run_cli("--line", "v0.20", "outlook", "--releases", "0.20.1,0.20.2", "--json", cwd=PROJECT)
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
@@ -43,3 +46,25 @@ def test_the_v0_20_line_applies_to_the_later_0_20_releases():
         states = {name: cell["stacked"]["state"] for name, cell in releases[version]["patches"].items()}
         assert len(states) == len(line_named(PROJECT, "v0.20").load().patches), (version, states)
         assert set(states.values()) == {"clean"}, (version, states)
+
+
+@pytest.mark.parametrize("version", ["0.20.1", "0.20.2"])
+def test_a_later_0_20_source_tree_gets_line_v0_20_without_force(version, tmp_path):
+    """The releases line v0.20 declares: apply, status and revert choose it by themselves, and revert
+    restores the tree byte for byte; no line for it was the current line's conflicts before."""
+    from helpers import snapshot
+    from vllm_patch.infrastructure.downloads import cache_root, fetch, indexed_artifact, unpack_sdist
+
+    artifact = indexed_artifact("vllm", f"vllm-{version}.tar.gz")
+    source = unpack_sdist(fetch(artifact, quiet=True), artifact.sha256, cache_root() / "trees")
+    tree = tmp_path / "tree"
+    shutil.copytree(source / "vllm", tree / "vllm")
+    before = snapshot(tree)
+    names = list(line_named(PROJECT, "v0.20").load().names)
+    for command, state in (("apply", "applies"), ("status", "applied"), ("revert", "applied")):
+        result = run_cli(command, "--target", str(tree), "--json", cwd=PROJECT)
+        assert result.returncode == 0, (command, result.stderr)
+        data = json.loads(result.stdout)
+        assert [(p["name"], p["state"]) for p in data["patches"]] == [(n, state) for n in names], command
+        assert any("release line v0.20" in note for note in data["notes"]), (command, data["notes"])
+    assert snapshot(tree) == before

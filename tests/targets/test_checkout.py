@@ -151,3 +151,20 @@ def test_checkout_git_refuses_is_reported_with_gits_reason(tmp_path, checkout, t
     with pytest.raises(TargetError, match="dubious ownership"):
         operations.apply(open_target(str(checkout)), load_series(two_patch_series))
     assert snapshot(checkout) == before
+
+
+def test_a_checkout_of_a_release_the_pin_declares_passes_the_pin_check(checkout, two_patch_series):
+    """A series declaring ``#: also = 0.20.1`` applies to a checkout of v0.20.1 (not a descendant of
+    v0.20.0: releases come from their own branches) without --force; other releases still fail."""
+    series_file = two_patch_series / "series"
+    git(checkout, "checkout", "-q", "--orphan", "releases/v0.20.1")
+    git(checkout, "commit", "-q", "-m", "v0.20.1 on its own branch")
+    git(checkout, "tag", "v0.20.1")
+    with pytest.raises(PinMismatch, match="is not v0.20.0"):
+        operations.apply(CheckoutTarget(checkout), load_series(two_patch_series), dry_run=True)
+    series_file.write_text(series_file.read_text().replace("#: wheel", "#: also = 0.20.1\n#: wheel", 1))
+    assert operations.apply(CheckoutTarget(checkout), load_series(two_patch_series), dry_run=True).ok
+    git(checkout, "tag", "-d", "v0.20.1")
+    git(checkout, "tag", "v0.20.2")
+    with pytest.raises(PinMismatch, match="is not v0.20.0"):
+        operations.apply(CheckoutTarget(checkout), load_series(two_patch_series), dry_run=True)

@@ -15,8 +15,9 @@ from . import __version__, operations, report
 from .errors import EXIT_OK, EXIT_PATCH_FAILED, EXIT_USAGE, VllmPatchError
 from .infrastructure.downloads import pinned_base_tree
 from .lines import line_named
+from .locate import SeriesHome, find_home
 from .operations import PatchFailedWith
-from .series import Series, find_series_root, load_series
+from .series import Series, load_series
 from .targets import KINDS, open_target
 from .targets.base import Target
 
@@ -26,9 +27,15 @@ out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
+def _home(ctx: click.Context) -> SeriesHome:
+    """Where the series lives (locate.find_home: --series, $VLLM_PATCH_SERIES, the current
+    directory and its parents, the tool's checkout, the lines bundled with the tool)."""
+    return find_home(ctx.obj.get("series_dir"))
+
+
 def _root(ctx: click.Context) -> Path:
-    """The series directory: --series, $VLLM_PATCH_SERIES, or found from the current directory."""
-    return Path(ctx.obj.get("series_dir") or find_series_root())
+    """The series directory (the project holding every line)."""
+    return _home(ctx).root
 
 
 def _line_root(ctx: click.Context) -> Path:
@@ -37,14 +44,23 @@ def _line_root(ctx: click.Context) -> Path:
     return line_named(_root(ctx), name).root if name else _root(ctx)
 
 
+def _editable_root(ctx: click.Context) -> Path:
+    """The line's directory for a command that edits the series: never the copy bundled with the tool."""
+    _home(ctx).check_writable()
+    return _line_root(ctx)
+
+
 def _series(ctx: click.Context) -> Series:
     """The series of --line NAME, else the top-level one (the current release's)."""
     return load_series(_line_root(ctx))
 
 
-def _series_for(ctx: click.Context, target: Target, force: bool) -> tuple[Series, str | None]:
-    """The series for `target`: --line NAME, else the line pinned to the target's vLLM."""
-    return operations.series_for(_root(ctx), target, ctx.obj.get("line"), force)
+def _series_for(ctx: click.Context, target: Target, force: bool) -> tuple[Series, str | None, str]:
+    """The series for `target` (--line NAME, else the line proven on the target's vLLM), the note
+    naming its line, and where it came from."""
+    home = _home(ctx)
+    series, note, root = operations.series_for(home.root, target, ctx.obj.get("line"), force)
+    return series, note, home.describe(root, series)
 
 
 def handle_errors(fn):
@@ -206,11 +222,14 @@ def main(ctx: click.Context, series_dir: Path | None, line: str | None) -> None:
 @click.pass_context
 @handle_errors
 def series_cmd(ctx: click.Context, as_json: bool) -> None:
-    """Show the pin and the patches with their headers."""
-    series = _series(ctx)
+    """Show where the series comes from, the pin and the patches with their headers."""
+    root = _line_root(ctx)
+    series = load_series(root)
+    source = _home(ctx).describe(root, series)
     if as_json:
-        report.print_json(report.series_dict(series))
+        report.print_json(report.series_dict(series) | {"from": source})
     else:
+        out.print(source, markup=False)
         report.print_series(series, out)
 
 
@@ -244,8 +263,9 @@ def write_command(action: str, verb: str, commit_help: str):
     @handle_errors
     def command(ctx, target_spec, python, kind, wait, as_json, dry_run, force, commit_each) -> None:
         target = _open(target_spec, python, kind)
-        series, line_note = _series_for(ctx, target, force)
+        series, line_note, source = _series_for(ctx, target, force)
         outcome = run_op(target, series, dry_run, force, commit_each, wait, _waiting)
+        outcome.series_from = source
         _emit(_noted(outcome, line_note), as_json)
     return command
 
@@ -267,8 +287,9 @@ def status(ctx, target_spec, python, kind, wait, as_json, full, expect) -> None:
     """Show each patch's state on a target, the vLLM version/commit against the pin,
     and RECORD integrity."""
     target = _open(target_spec, python, kind)
-    series, line_note = _series_for(ctx, target, True)
+    series, line_note, source = _series_for(ctx, target, False)
     outcome = operations.status(target, series, full, wait, force=True, on_wait=_waiting, expect=expect)
+    outcome.series_from = source
     _emit(_noted(outcome, line_note), as_json)
     sys.exit(EXIT_OK if outcome.ok else EXIT_PATCH_FAILED)
 
@@ -319,7 +340,7 @@ def rebase(ctx: click.Context, tag: str | None, resume: bool, skip: bool, drops:
     """Rebase the series onto TAG (e.g. v0.21.0): clean, merged, upstreamed or obsolete (dropped), or conflict."""
     from .lifecycle.rebase import RebaseConflict
 
-    root = _line_root(ctx)
+    root = _editable_root(ctx)
     try:
         result = operations.rebase(root, tag, resume, skip, drops, reason, allow_new, abort, repo, quiet=as_json,
                                    on_recovered=lambda what: err.print(f"recovered: {what}"))
@@ -381,7 +402,7 @@ def outlook(ctx: click.Context, releases: str | None, to_tag: str | None, repo: 
 
 
 def _author(ctx: click.Context, upstream: str | None, quiet: bool):
-    return operations.author(_line_root(ctx), upstream, quiet)
+    return operations.author(_editable_root(ctx), upstream, quiet)
 
 
 def _authored(result, as_json: bool) -> None:
@@ -468,7 +489,7 @@ def import_cmd(ctx, source, repo, name, subject, author, origin, bug, forwarded,
     def header_for(single: bool):
         return _header(name if single else None, subject if single else None, author, origin, bug, forwarded)
 
-    root = _line_root(ctx)
+    root = _editable_root(ctx)
     for result in operations.import_patches(root, source, repo, header_for, unique, upstream, as_json):
         _authored(result, as_json)
 

@@ -1,6 +1,7 @@
 """Release lines: the top-level series tracks the current vLLM release; ``lines/NAME/``
 (each with its own ``series`` and ``patches/``) keeps the series of older releases
-maintained. A command on a target picks the line whose pin is the target's vLLM.
+maintained. A command on a target picks the line proven on the target's vLLM: its pin, or a
+later release its series declares (``#: also = ...``).
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ class Line:
 
 def lines_of(project: Path) -> list[Line]:
     """The project's lines: the top-level one (``current``) first, then ``lines/*`` by name."""
-    found = [Line(CURRENT, project)] if (project / SERIES_FILE).is_file() else []
+    # exists(), not is_file(): a series that is no regular file is a line, refused when loaded.
+    found = [Line(CURRENT, project)] if (project / SERIES_FILE).exists() else []
     base = project / LINES_DIR
     if base.is_dir():
         found += [Line(d.name, d) for d in sorted(base.iterdir())
-                  if (d / SERIES_FILE).is_file() and (d / PATCH_DIR).is_dir()]
+                  if (d / SERIES_FILE).exists() and (d / PATCH_DIR).is_dir()]
     return found
 
 
@@ -52,23 +54,59 @@ def line_named(project: Path, name: str) -> Line:
 
 
 def describe(project: Path) -> str:
-    """The lines there are, with their pinned releases, for messages."""
+    """The lines there are, with the releases each is proven on, for messages."""
     parts = []
     for line in lines_of(project):
         try:
-            parts.append(f"{line.name} (vLLM {line.load().pin.version})")
+            parts.append(f"{line.name} (vLLM {', '.join(line.load().pin.releases)})")
         except InputError:
             parts.append(f"{line.name} (unreadable)")
     return ", ".join(parts) or "none"
 
 
 def line_for(project: Path, version: str | None) -> Line:
-    """The line whose pin is vLLM `version` (local labels such as ``+vp.x`` aside); none
-    matching is a PinMismatch naming the lines there are."""
-    lines = lines_of(project)
+    """The line proven on vLLM `version` (its pin or a release its series declares with
+    ``also``; local labels such as ``+vp.x`` aside). A line whose series cannot be read
+    only matters when no other line covers `version`: then its error (naming the file) is
+    raised, as the choice may have needed it. None matching is a PinMismatch naming the
+    lines there are."""
+    unreadable: list[InputError] = []
     if version is not None:
-        for line in lines:
-            if line.load().pin.matches_version(version):
+        for line in lines_of(project):
+            try:
+                pin = line.load().pin
+            except InputError as exc:
+                unreadable.append(exc)
+                continue
+            if pin.covers(version):
                 return line
+    if unreadable:
+        raise InputError(f"cannot choose a release line for vLLM {version or '(unknown version)'}: "
+                         f"{unreadable[0].message}")
     raise PinMismatch(f"no release line of this project is pinned to vLLM {version or '(unknown version)'}; "
                       f"there are: {describe(project)}; pass --line NAME --force to use one anyway")
+
+
+def choose_line(project: Path, version: str | None, name: str | None = None,
+                force: bool = False) -> tuple[Line, str | None]:
+    """The line a command on a target of vLLM `version` uses, and a note saying why; the one
+    rule for apply, revert and status. `name` (--line) wins. Else the line proven on
+    `version`; none: a PinMismatch, unless `force`, which takes the current line. A project
+    of one line whose target's version is unknown gets that line (its pin check then says)."""
+    if name:
+        chosen = line_named(project, name)
+        return chosen, f"release line {chosen.name} (chosen with --line)"
+    lines = lines_of(project)
+    if not lines:  # no series at all: loading it says so, naming the file
+        return Line(CURRENT, project), None
+    if len(lines) == 1 and version is None:
+        return lines[0], None
+    try:
+        chosen = line_for(project, version)
+    except PinMismatch:
+        if not force:
+            raise
+        return line_named(project, CURRENT), f"release line {CURRENT}: no line is pinned to vLLM {version} (--force)"
+    if len(lines) == 1:
+        return chosen, None
+    return chosen, f"release line {chosen.name}, proven on vLLM {version} like the target"

@@ -18,7 +18,7 @@ from .engine.analysis import Analysis, Contents, analyze, created_modes, touched
 from .engine.patchfile import Patch
 from .errors import PatchFailed, PinMismatch
 from .infrastructure.locking import target_lock
-from .series import Series, load_series
+from .series import Series
 from .targets.base import Found, Goal, Target
 
 
@@ -37,6 +37,7 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
     dry_run: bool = False
     ok: bool = True
+    series_from: str | None = None  # where the series came from (a checkout path, or bundled)
 
     @property
     def verdict(self) -> str:
@@ -206,29 +207,13 @@ def outlook(series: Series, releases: list[str] | None = None, to: str | None = 
 
 
 def series_for(project: Path, target: Target, line: str | None = None,
-               force: bool = False) -> tuple[Series, str | None]:
-    """The series to use on `target` and a note saying which line it is: `line` when given;
-    else, where the project keeps several release lines, the one pinned to the target's vLLM
-    (none matching: a PinMismatch naming the lines, unless `force`, which takes the
-    current line)."""
-    from .errors import PinMismatch
-    from .lines import CURRENT, line_for, line_named, lines_of
+               force: bool = False) -> tuple[Series, str | None, Path]:
+    """The series to use on `target`, a note saying which line it is (`lines.choose_line`: the
+    same rule for apply, revert and status), and the line's directory."""
+    from .lines import choose_line
 
-    if line:
-        chosen = line_named(project, line)
-        return chosen.load(), f"release line {chosen.name} (chosen with --line)"
-    lines = lines_of(project)
-    if len(lines) <= 1:
-        return load_series(project), None
-    version = target.found().version
-    try:
-        chosen = line_for(project, version)
-    except PinMismatch:
-        if not force:
-            raise
-        return load_series(project), f"release line {CURRENT}: no line is pinned to vLLM {version} (--force)"
-    series = chosen.load()
-    return series, f"release line {chosen.name}, pinned to vLLM {series.pin.version} like the target"
+    chosen, note = choose_line(project, target.found().version, line, force)
+    return chosen.load(), note, chosen.root
 
 
 def build_wheel(series: Series, source: Path | None, out_dir: Path, quiet: bool = False, wait: float = 30.0,

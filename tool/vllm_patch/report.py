@@ -64,6 +64,7 @@ def outcome_dict(outcome: Outcome) -> dict[str, Any]:
         "recovered": outcome.recovered,
         "record_problems": outcome.integrity,
         "notes": outcome.notes,
+        "series_from": outcome.series_from,
     }
 
 
@@ -114,6 +115,8 @@ def print_outcome(outcome: Outcome, console: Console) -> None:
             state += f" -> {'would be ' if outcome.dry_run else ''}[{STYLE[after]}]{after.value}[/]"
         table.add_row(str(i), report.name, state, detail)
     print_table(table, console)
+    if outcome.series_from:
+        console.print(outcome.series_from, markup=False)
     if outcome.found:
         f = outcome.found
         console.print(f"vLLM found: {f.version or '?'} commit {f.commit or '?'} ({f.source})")
@@ -128,7 +131,8 @@ def print_outcome(outcome: Outcome, console: Console) -> None:
 
 def print_series(series: Series, console: Console) -> None:
     pin = series.pin
-    console.print(f"vLLM {pin.version} (tag {pin.tag}, commit {pin.commit})")
+    console.print(f"vLLM {pin.version} (tag {pin.tag}, commit {pin.commit})"
+                  + (f", also proven on {', '.join(pin.also)}" if pin.also else ""))
     console.print(f"  sdist {pin.sdist.filename} sha256:{pin.sdist.sha256}")
     console.print(f"  wheel {pin.wheel.filename} sha256:{pin.wheel.sha256}")
     table = Table(title=f"series {series.digest}: {len(series.patches)} patches", title_justify="left")
@@ -145,7 +149,7 @@ def print_series(series: Series, console: Console) -> None:
 def series_dict(series: Series) -> dict[str, Any]:
     pin = series.pin
     return {
-        "pin": {"version": pin.version, "tag": pin.tag, "commit": pin.commit,
+        "pin": {"version": pin.version, "tag": pin.tag, "commit": pin.commit, "also": list(pin.also),
                 "sdist": {"filename": pin.sdist.filename, "sha256": pin.sdist.sha256},
                 "wheel": {"filename": pin.wheel.filename, "sha256": pin.wheel.sha256}},
         "digest": series.digest,

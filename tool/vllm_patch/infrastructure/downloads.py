@@ -1,5 +1,6 @@
 """The pinned upstream artifacts: found on a PEP 691 package index, downloaded with a
-progress bar, sha256-checked, and cached in the user's cache directory."""
+progress bar (one line every 10% when stderr is no terminal), sha256-checked, and cached
+in the user's cache directory."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ import urllib.request
 from pathlib import Path
 
 from platformdirs import user_cache_path
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from ..engine.pin import Artifact, Pin
 from ..errors import DownloadError
+from .progress import transfer
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 
@@ -93,14 +94,12 @@ def fetch(artifact: Artifact, project: str = "vllm", quiet: bool = False) -> Pat
     h = hashlib.sha256()
     try:
         with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=120) as resp, \
-                Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                         TransferSpeedColumn(), disable=quiet, transient=True) as progress:
-            total = int(resp.headers.get("Content-Length") or 0) or None
-            task = progress.add_task(f"downloading {artifact.filename}", total=total)
+                transfer(f"downloading {artifact.filename}", int(resp.headers.get("Content-Length") or 0) or None,
+                         quiet) as advance:
             for block in iter(lambda: resp.read(1 << 20), b""):
                 out.write(block)
                 h.update(block)
-                progress.advance(task, len(block))
+                advance(len(block))
     except (urllib.error.URLError, OSError) as exc:
         part.unlink(missing_ok=True)
         raise DownloadError(f"downloading {url} failed: {exc}") from None

@@ -32,7 +32,7 @@ import git
 
 from ..engine.analysis import Contents, State, analyze, classify, decode, encode, touched
 from ..engine.patchfile import Patch
-from ..engine.pin import Artifact, Pin
+from ..engine.pin import Artifact, Pin, pin_lines
 from ..errors import InputError, PatchFailed, UpstreamError
 from ..infrastructure.downloads import index_files, indexed_artifact
 from ..infrastructure.transaction import SeriesDir
@@ -253,10 +253,7 @@ def series_text(old_text: str, pin: Pin, names: list[str], comment: list[str] | 
         if head:
             head.append("#")
         head += [f"# {line}".rstrip() for line in comment]
-    pin_lines = [f"#: version = {pin.version}", f"#: tag = {pin.tag}", f"#: commit = {pin.commit}",
-                 f"#: sdist = {pin.sdist.filename} sha256:{pin.sdist.sha256}",
-                 f"#: wheel = {pin.wheel.filename} sha256:{pin.wheel.sha256}"]
-    return "\n".join([*head, *pin_lines, *names]) + "\n"
+    return "\n".join([*head, *pin_lines(pin), *names]) + "\n"
 
 
 def pin_comment(old: Pin, pin: Pin, source: str, notes: list[str]) -> list[str]:

@@ -81,20 +81,23 @@ class Target:
         return parse_version_file(path.read_text(encoding="utf-8", errors="replace"))
 
     def check_pin(self, pin: Pin) -> Found:
-        """Raise PinMismatch unless the target is the pinned release."""
+        """Raise PinMismatch unless the target is the pinned release, or one the pin declares
+        (``also``)."""
         found = self.found()
         if found.version is None:
             raise PinMismatch(f"cannot tell which vLLM {self.root} holds (no {VERSION_FILE}); "
                               f"expected {pin.version}; pass --force to go on anyway")
         problems = []
-        if not pin.matches_version(found.version):
+        if not pin.covers(found.version):
             problems.append(f"version {found.version}")
-        if found.commit is not None and not pin.matches_commit(found.commit):
+        # The pin's commit is its own release's: a declared later release (``also``) has another.
+        declared = pin.covers(found.version) and not pin.matches_version(found.version)
+        if found.commit is not None and not declared and not pin.matches_commit(found.commit):
             problems.append(f"commit {found.commit}")
         if problems:
             raise PinMismatch(
                 f"{self.root} holds vLLM {' and '.join(problems)} ({found.source}), but the series "
-                f"is pinned to {pin.version} at {pin.commit[:9]}; rebase the series onto it, "
+                f"is pinned to {pin.version} at {pin.commit[:9]}{_also(pin)}; rebase the series onto it, "
                 "or pass --force")
         return found
 
@@ -131,3 +134,7 @@ class Target:
 
     def recover(self) -> str | None:
         return recover(self.journal, finish=self.finish, undo=self.undo)
+
+
+def _also(pin: Pin) -> str:
+    return f" (also proven on {', '.join(pin.also)})" if pin.also else ""

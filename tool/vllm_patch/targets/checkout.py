@@ -72,18 +72,23 @@ class CheckoutTarget(Target):
             return None
 
     def check_pin(self, pin: Pin) -> Found:
+        """HEAD must be the pinned base, a release the pin declares (tag ``vX.Y.Z`` of an
+        ``also`` release), or a descendant of one."""
         found = self.found()
         base = self.base_commit(pin)
         head = self.head()
         if base is None:
             raise PinMismatch(f"{self.root}: neither tag {pin.tag} nor commit {pin.commit[:9]} exists; "
                               f"HEAD is {head[:12]}; fetch the tag, rebase the series, or pass --force")
+        tags = {t.name: t for t in self.repo.tags}
+        bases = {pin.tag: base, **{f"v{r}": tags[f"v{r}"].commit.hexsha for r in pin.also if f"v{r}" in tags}}
         try:
-            descends = base == head or self.repo.is_ancestor(base, head)
+            descends = any(b == head or self.repo.is_ancestor(b, head) for b in bases.values())
         except git.GitCommandError as exc:
             raise TargetError(f"git could not compare HEAD with {pin.tag} in {self.root}: {_stderr(exc)}") from None
         if not descends:
-            raise PinMismatch(f"{self.root}: HEAD {head[:12]} is not {pin.tag} ({base[:12]}) nor "
+            also = f" (nor {', '.join(list(bases)[1:])})" if len(bases) > 1 else ""
+            raise PinMismatch(f"{self.root}: HEAD {head[:12]} is not {pin.tag} ({base[:12]}){also} nor "
                               "a descendant of it; check out the tag, rebase the series, or pass --force")
         return found
 
