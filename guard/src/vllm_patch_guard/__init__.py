@@ -76,6 +76,18 @@ def line_for(version: str, lines: list[dict]) -> dict | None:
     return next((line for line in lines if public_version(line["version"]) == wanted), None)
 
 
+def installed_version(dist) -> str:
+    """The ``Version`` header of the dist-info's METADATA, read from the headers alone: ``dist.version``
+    parses the whole file (vLLM's holds its README) with the email package, a millisecond at every start."""
+    for line in (dist.read_text("METADATA") or "").splitlines():
+        if not line.strip():
+            break  # the headers end; the description follows
+        key, sep, value = line.partition(":")
+        if sep and key.strip().lower() == "version":
+            return value.strip()
+    return dist.version or ""
+
+
 def _recorded(text: str) -> list[tuple[str, bytes]]:
     """(name, bytes) of each patch ``vllm_patch.json`` records; ValueError when it is unreadable."""
     raw = json.loads(text)
@@ -99,7 +111,7 @@ def diagnose(dist=None, lines: list[dict] | None = None, python: str | None = No
             dist = distribution("vllm")
         except PackageNotFoundError:
             return None
-    version = dist.version or ""
+    version = installed_version(dist)
     line = line_for(version, load_lines() if lines is None else lines)
     if line is None:
         return None
