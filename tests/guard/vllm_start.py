@@ -9,7 +9,8 @@ start, with ``VLLM_PLUGINS`` read by vLLM's own ``envs``.
 
     python vllm_start.py               # load_general_plugins(), then print "started"
     python vllm_start.py --child       # and once more in a child process (vLLM's engine and workers)
-    python vllm_start.py --bench 20    # time the guard's import and entry point in vLLM's loader: JSON
+    python vllm_start.py --bench 20 [MODULE...]  # time the guard's import and entry point in vLLM's loader
+                                                 # (MODULEs imported first): JSON on stdout
 """
 
 from __future__ import annotations
@@ -32,15 +33,18 @@ def enter_vllm() -> None:
     sys.modules["vllm"] = package
 
 
-def bench(runs: int) -> dict:
+def bench(runs: int, preload: list[str]) -> dict:
     """The guard's cost in vLLM's loader: importing its module where the loader imports it (vllm.plugins and
     importlib.metadata already imported; timed, with the modules it adds), then its entry point, as vLLM's
-    loader loads it, called `runs` + 1 times (timed)."""
+    loader loads it, called `runs` + 1 times (timed). `preload`: modules to import first (a real vLLM
+    process has imported hashlib long before its plugins load)."""
     import importlib
     import importlib.metadata  # noqa: F401  (load_plugins_by_group imports it before loading any plugin)
 
     from vllm.plugins import DEFAULT_PLUGINS_GROUP, load_plugins_by_group
 
+    for name in preload:
+        importlib.import_module(name)
     before = set(sys.modules)
     t0 = time.perf_counter()
     importlib.import_module("vllm_patch_guard")
@@ -61,7 +65,7 @@ def bench(runs: int) -> dict:
 def main(argv: list[str]) -> int:
     enter_vllm()
     if argv[:1] == ["--bench"]:
-        print(json.dumps(bench(int(argv[1]))))
+        print(json.dumps(bench(int(argv[1]), argv[2:])))
         return 0
     from vllm.plugins import load_general_plugins
 
