@@ -53,12 +53,13 @@ def vllm_wheel() -> Path:
     return fetch(line_named(PROJECT, "current").load().pin.wheel, quiet=True)
 
 
-def make_vllm_venv(dest: Path, guard_wheel: Path) -> Path:
-    """A virtualenv with the real vLLM wheel (``--no-deps``) and the guard; its interpreter."""
+def make_vllm_venv(dest: Path, guard_wheel: Path, wheel: Path | None = None) -> Path:
+    """A virtualenv with the real vLLM wheel (default the pinned one; ``--no-deps``) and the guard; its
+    interpreter."""
     sys.path.insert(0, str(PROJECT / "tests"))
     from realvllm import make_venv
 
-    py = make_venv(dest, vllm_wheel())
+    py = make_venv(dest, wheel or vllm_wheel())
     subprocess.run([str(py), *PIP, "install", "-q", "--no-deps", str(guard_wheel)], check=True)
     return py
 

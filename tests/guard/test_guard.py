@@ -90,6 +90,9 @@ def test_patched_wheel_version_passes(guard, data, tmp_path):
     """The patched wheel's dist-info: a local version label and the record, as build-wheel writes them."""
     version = f"0.33.0+vp.{CURRENT.digest}"
     assert guard.diagnose(fake_vllm(tmp_path, version, recorded(CURRENT.patches)), data, PY) is None
+    # Its version is the line's (the local label aside): without the record it would be said unapplied.
+    found = guard.diagnose(fake_vllm(tmp_path / "bare", version), data, PY)
+    assert found == f"{HEAD.replace('0.33.0', version, 1)}, not applied; {FIX}"
 
 
 def test_unapplied_line_is_named_with_its_fix(guard, data, tmp_path):
@@ -108,7 +111,8 @@ def test_another_series_is_named_by_its_digest(guard, data, tmp_path):
     patch.write_bytes(patch.read_bytes().replace(b"\n\n", b"\n\nAn older description.\n\n", 1))
     series = load_series(older)
     found = guard.diagnose(fake_vllm(tmp_path, "0.33.0", recorded(series.patches)), data, PY)
-    assert found == f"{HEAD}, but another series is applied (series {series.digest}, 4 patches); {FIX}"
+    assert found == (f"{HEAD}, but another series is applied (series {series.digest}, 4 patches); {FIX} (if it "
+                     "says applied, this guard is older than the series: reinstall it from the same checkout)")
 
 
 def test_the_older_line_is_chosen_by_version(guard, data, tmp_path):

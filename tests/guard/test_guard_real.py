@@ -21,6 +21,7 @@ from guardenv import (
     make_vllm_venv,
     put,
     start,
+    tool,
 )
 
 from vllm_patch.lines import line_named
@@ -119,7 +120,9 @@ def test_an_older_series_warns_with_its_digest(vllm_py, tmp_path):
     done = start(vllm_py)
     old = load_series(older).digest
     assert old != CURRENT.digest
-    assert done.stderr.splitlines() == [warning(vllm_py, f", but another series is applied (series {old}, 4 patches)")]
+    assert done.stderr.splitlines() == [warning(vllm_py, f", but another series is applied (series {old}, 4 patches)")
+                                        + " (if it says applied, this guard is older than the series: reinstall it "
+                                          "from the same checkout)"]
 
 
 def test_strict_refuses_to_start_with_one_line(vllm_py):
@@ -143,3 +146,14 @@ def test_a_release_no_line_covers_starts_silently(vllm_py, tmp_path, version, sa
         done = start(vllm_py, env={"PYTHONPATH": str(overlay), **env})
         assert done.returncode == (1 if says and env else 0)
         assert bool(done.stderr) == says, done.stderr
+
+
+def test_the_patched_wheel_starts_silently(guard_wheel, tmp_path):
+    """The wheel ``vllm-patch build-wheel`` makes (version 0.33.0+vp.DIGEST, the record in its dist-info)."""
+    done = tool("build-wheel", "--out", str(tmp_path / "dist"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    (wheel,) = (tmp_path / "dist").glob(f"vllm-0.33.0+vp.{CURRENT.digest}-*.whl")
+    py = make_vllm_venv(tmp_path / "venv", guard_wheel, wheel)
+    for env in ({}, {"VLLM_PATCH_GUARD": "strict"}):
+        done = start(py, env=env)
+        assert (done.returncode, done.stdout, done.stderr) == (0, "started\n", "")

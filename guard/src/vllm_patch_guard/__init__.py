@@ -116,7 +116,8 @@ def diagnose(dist=None, lines: list[dict] | None = None, python: str | None = No
     if line is None:
         return None
     wanted = [(name, sha) for name, sha in line["patches"]]
-    fix = f"run: vllm-patch apply --python {_quote(python or sys.executable)}"
+    python = _quote(python or sys.executable)
+    fix = f"run: vllm-patch apply --python {python}"
     head = f"vLLM {version} has release line {line['name']} (series {line['digest']}, {len(wanted)} patches)"
     text = dist.read_text(RECORD)
     if not text:
@@ -125,7 +126,7 @@ def diagnose(dist=None, lines: list[dict] | None = None, python: str | None = No
         recorded = _recorded(text)
     except ValueError as exc:
         return (f"{head}, but its record {RECORD} in the dist-info is unreadable ({exc}); "
-                f"run: vllm-patch status --python {_quote(python or sys.executable)}")
+                f"run: vllm-patch status --python {python}")
     found = digest(line["version"], line["commit"], recorded)
     if found == line["digest"]:
         return None
@@ -134,7 +135,8 @@ def diagnose(dist=None, lines: list[dict] | None = None, python: str | None = No
         return f"{head}, not applied; {fix}"
     if len(have) < len(wanted) and have == wanted[:len(have)]:
         return f"{head}, applied partly ({len(have)} of {len(wanted)}, up to {have[-1][0]}); {fix}"
-    return f"{head}, but another series is applied (series {found}, {len(have)} patches); {fix}"
+    return (f"{head}, but another series is applied (series {found}, {len(have)} patches); {fix} "
+            f"(if it says applied, this guard is older than the series: reinstall it from the same checkout)")
 
 
 def _quote(path: str) -> str:
