@@ -13,6 +13,7 @@ hold equal to the tool's; the tool itself is not imported (a build of the guard 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -38,8 +39,6 @@ def repository() -> Path | None:
 
 def read_line(name: str, root: Path) -> dict:
     """One line's data: name, pinned version and commit, patches (name, sha256), digest."""
-    import hashlib
-
     fields: dict[str, str] = {}
     names: list[str] = []
     for raw in (root / "series").read_text(encoding="utf-8").splitlines():
