@@ -26,7 +26,8 @@ COPY pyproject.toml setup.py MANIFEST.in README.md series /src/
 COPY tool /src/tool
 COPY patches /src/patches
 COPY lines /src/lines
-RUN python3 -m pip wheel --no-cache-dir --no-deps /src -w /wheels
+COPY guard /src/guard
+RUN python3 -m pip wheel --no-cache-dir --no-deps /src /src/guard -w /wheels
 
 FROM ${VLLM_IMAGE} AS tool
 ARG LINE
@@ -36,9 +37,13 @@ RUN mkdir -p /opt/vllm-patch \
     && python3 -m pip freeze --all > /opt/vllm-patch/freeze-before.txt \
     && python3 -m venv /opt/vllm-patch/venv \
     && /opt/vllm-patch/venv/bin/pip install --no-cache-dir /tmp/tool-wheels/vllm_patch-*.whl \
+    && mv /tmp/tool-wheels/vllm_patch_guard-*.whl /opt/vllm-patch/ \
     && rm -rf /tmp/tool-wheels \
     && ln -s /opt/vllm-patch/venv/bin/vllm-patch /usr/local/bin/vllm-patch
 ENV VLLM_PATCH_LINE=${LINE}
+# The guard (guard/), installed into vLLM's environment after the freeze check: every vLLM start
+# refuses to run if the series is not applied, applied partly, or another series is.
+ENV VLLM_PATCH_GUARD=strict
 
 FROM tool AS from-wheel
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -52,6 +57,12 @@ RUN vllm-patch status --python python3 --expect applied
 RUN python3 -m pip freeze --all | grep -v '^vllm[=@ ]' > /tmp/freeze-after.txt \
     && grep -v '^vllm[=@ ]' /opt/vllm-patch/freeze-before.txt | diff - /tmp/freeze-after.txt \
     && rm /tmp/freeze-after.txt
+# hadolint ignore=DL3059
+RUN python3 -m pip install --no-cache-dir --no-deps /opt/vllm-patch/vllm_patch_guard-*.whl
+# The guard's entry point as vLLM's plugin loader calls it (strict: fails the build if it would refuse).
+# hadolint ignore=DL3059
+RUN python3 -c "from importlib.metadata import entry_points; \
+[ep.load()() for ep in entry_points(group='vllm.general_plugins') if ep.name == 'vllm_patch_guard']"
 
 FROM tool AS patched
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -60,3 +71,9 @@ RUN vllm-patch apply --python python3
 RUN vllm-patch status --python python3 --expect applied
 # hadolint ignore=DL3059
 RUN python3 -m pip freeze --all | diff /opt/vllm-patch/freeze-before.txt -
+# hadolint ignore=DL3059
+RUN python3 -m pip install --no-cache-dir --no-deps /opt/vllm-patch/vllm_patch_guard-*.whl
+# The guard's entry point as vLLM's plugin loader calls it (strict: fails the build if it would refuse).
+# hadolint ignore=DL3059
+RUN python3 -c "from importlib.metadata import entry_points; \
+[ep.load()() for ep in entry_points(group='vllm.general_plugins') if ep.name == 'vllm_patch_guard']"

@@ -47,7 +47,7 @@ image-base: wheel ## a local stand-in for vllm/vllm-openai (Debian + the real wh
 	@scripts/image-base "$$($(BIN)/python -c 'from pathlib import Path; from vllm_patch.series import load_series; from vllm_patch.infrastructure.downloads import fetch; print(fetch(load_series(Path("$(LINE_DIR)")).pin.wheel, quiet=True))')" localhost/vllm-base:$(PIN_VERSION)
 
 lint: $(DEV) ## ruff and hadolint
-	$(BIN)/ruff check tool tests benchmarks
+	$(BIN)/ruff check tool tests benchmarks guard
 	$(BIN)/hadolint --failure-threshold warning Dockerfile
 
 # An empty cache and an index nobody answers: a fast test that reaches for the network fails.
@@ -74,6 +74,13 @@ gpu-stack-bundle: $(DEV) ## a release line's own torch/triton/NCCL/vLLM for a GP
 gpu-test: ## on a GPU host: assemble .gpu/ (line v0.20), kernel tests and scenarios on both trees, report to tests/gpu/reports
 	tests/gpu/host.sh stage .gpu/p*
 	tests/gpu/host.sh all
+
+.PHONY: gpu-fit guard
+guard: setup ## build the guard's wheel into dist/ (install it into vLLM's environment: a warning at every start)
+	$(BIN)/pip wheel -q --disable-pip-version-check --no-deps -w dist ./guard
+
+gpu-fit: $(DEV) ## compile the multi-query verify kernel for every GPU target on CPU (both lines; PyPI for Triton 3.8): docs/gpu-fit-triton-*.md
+	$(BIN)/python tests/gpu_fit/run_full.py $(GPU_FIT_ARGS)
 
 clean: ## remove the venv and build leftovers (not the download cache)
 	rm -rf $(VENV) build dist tool/*.egg-info .pytest_cache .ruff_cache

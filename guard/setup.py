@@ -38,7 +38,8 @@ def repository() -> Path | None:
 
 
 def read_line(name: str, root: Path) -> dict:
-    """One line's data: name, pinned version and commit, patches (name, sha256), digest."""
+    """One line's data: name, pinned version, the later releases it is proven on, commit, patches
+    (name, sha256), digest."""
     fields: dict[str, str] = {}
     names: list[str] = []
     for raw in (root / "series").read_text(encoding="utf-8").splitlines():
@@ -55,6 +56,7 @@ def read_line(name: str, root: Path) -> dict:
     return {
         "name": name,
         "version": fields["version"],
+        "also": fields.get("also", "").split(),
         "commit": commit,
         "patches": [[n, hashlib.sha256(data).hexdigest()] for n, data in patches],
         "digest": digest(fields["version"], commit, patches),

@@ -11,8 +11,8 @@ from importlib.metadata import PathDistribution
 from pathlib import Path
 
 import pytest
-from guardenv import GUARD, PROJECT, copy_repository
 
+from guardenv import GUARD, PROJECT, copy_repository
 from vllm_patch.engine.state import STATE_FILE, AppliedState
 from vllm_patch.lines import line_named, lines_of
 from vllm_patch.series import load_series
@@ -37,6 +37,7 @@ def test_data_is_the_tools_reading_of_every_line(data):
     for entry, line in zip(data, lines, strict=True):
         series = line.load()
         assert entry["version"] == series.pin.version
+        assert entry["also"] == list(series.pin.also)
         assert entry["commit"] == series.pin.commit
         assert entry["digest"] == series.digest
         assert [tuple(p) for p in entry["patches"]] == [(p.name, p.sha256) for p in series.patches]
@@ -122,9 +123,18 @@ def test_the_older_line_is_chosen_by_version(guard, data, tmp_path):
     assert guard.diagnose(fake_vllm(tmp_path / "b", "0.20.0", recorded(v020.patches)), data, PY) is None
 
 
-@pytest.mark.parametrize("version", ["0.34.0", "0.33.1", "0.33.0.dev3+g123", "0.20.1"])
+@pytest.mark.parametrize("version", ["0.34.0", "0.33.1", "0.33.0.dev3+g123", "0.20.3"])
 def test_a_release_no_line_covers_passes(guard, data, tmp_path, version):
     assert guard.diagnose(fake_vllm(tmp_path, version), data, PY) is None
+
+
+@pytest.mark.parametrize("version", ["0.20.1", "0.20.2"])
+def test_a_release_the_line_declares_gets_the_line(guard, data, tmp_path, version):
+    """Line v0.20 declares 0.20.1 and 0.20.2 (``#: also``): the guard names it for them, as the tool picks it."""
+    v020 = line_named(PROJECT, "v0.20").load()
+    assert version in v020.pin.also
+    found = guard.diagnose(fake_vllm(tmp_path, version), data, PY)
+    assert found == f"vLLM {version} has release line v0.20 (series {v020.digest}, 8 patches), not applied; {FIX}"
 
 
 def test_an_unreadable_record_is_said(guard, data, tmp_path):

@@ -12,6 +12,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
 from guardenv import (
     PROJECT,
     build_wheel,
@@ -23,7 +24,6 @@ from guardenv import (
     start,
     tool,
 )
-
 from vllm_patch.lines import line_named
 from vllm_patch.series import load_series
 

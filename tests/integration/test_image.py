@@ -10,6 +10,7 @@ from outside the build, with ``buildah run``."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -58,7 +59,7 @@ def context(tmp_path_factory, wheel_file) -> Path:
     ctx.mkdir()
     for name in ("Dockerfile", "pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "series"):
         shutil.copy2(PROJECT / name, ctx / name)
-    for name in ("tool", "patches", "lines"):
+    for name in ("tool", "patches", "lines", "guard"):
         shutil.copytree(PROJECT / name, ctx / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     built = run_cli("--series", str(PROJECT), "--line", LINE, "build-wheel", "--from", str(wheel_file),
                     "--out", str(ctx / "dist"))
@@ -66,7 +67,9 @@ def context(tmp_path_factory, wheel_file) -> Path:
     return ctx
 
 
+@functools.cache
 def build(context: Path, base: str, target: str) -> str:
+    """The image of `target`, built once per test run."""
     tag = f"localhost/vllm-patch-test:{target}"
     result = buildah("build", "--layers=false", "--build-arg", f"VLLM_IMAGE={base}", "--target", target,
                      "-t", tag, str(context))
@@ -97,16 +100,40 @@ def test_image_builds_and_reports_every_patch_applied(base_image, context, targe
     assert any(f"release line {LINE}" in note for note in report["notes"]), report["notes"]
     assert "bundled with vllm-patch" in report["series_from"], report["series_from"]
 
-    # The tool lives in its own virtualenv: vLLM's interpreter sees no new distribution.
+    # The tool lives in its own virtualenv: vLLM's interpreter sees no new distribution but the guard.
     freeze = run_in(image, "python3", "-m", "pip", "freeze", "--all")
     before = run_in(image, "cat", "/opt/vllm-patch/freeze-before.txt")
     assert freeze.returncode == 0 and before.returncode == 0
 
     def others(text: str) -> list[str]:
-        return [line for line in text.splitlines() if not line.startswith(("vllm==", "vllm @"))]
+        return [line for line in text.splitlines()
+                if not line.startswith(("vllm==", "vllm @", "vllm-patch-guard==", "vllm_patch_guard"))]
 
     assert others(freeze.stdout) == others(before.stdout)
     version = run_in(image, "python3", "-c", "import importlib.metadata as m; print(m.version('vllm'))")
     assert ("+vp." in version.stdout) == (target == "from-wheel"), version.stdout + version.stderr
     tool_import = run_in(image, "python3", "-c", "import vllm_patch")
     assert tool_import.returncode != 0, "vllm_patch is importable from vLLM's interpreter"
+    assert any(line.startswith("vllm-patch-guard==") for line in freeze.stdout.splitlines()), freeze.stdout
+
+
+GUARD = ("python3", "-c", "from importlib.metadata import entry_points; "
+         "[ep.load()() for ep in entry_points(group='vllm.general_plugins') if ep.name == 'vllm_patch_guard']")
+
+
+def test_image_guard_refuses_a_vllm_whose_series_was_reverted(base_image, context):
+    """The image runs the guard strict: its entry point (as vLLM's plugin loader calls it) passes on the
+    patched image and refuses, in one line, once the series is reverted in a container of it."""
+    image = build(context, base_image, "patched")
+    made = buildah("from", "--pull-never", image)
+    assert made.returncode == 0, made.stderr
+    container = made.stdout.strip().splitlines()[-1]
+    try:
+        assert buildah("run", container, "--", *GUARD).returncode == 0
+        reverted = buildah("run", container, "--", "vllm-patch", "revert", "--python", "python3")
+        assert reverted.returncode == 0, reverted.stdout + reverted.stderr
+        refused = buildah("run", container, "--", *GUARD)
+        assert refused.returncode != 0
+        assert "not applied" in refused.stderr and "vllm-patch apply" in refused.stderr, refused.stderr
+    finally:
+        buildah("rm", container)

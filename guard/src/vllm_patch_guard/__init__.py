@@ -71,9 +71,10 @@ def load_lines(path: str | None = None) -> list[dict]:
 
 
 def line_for(version: str, lines: list[dict]) -> dict | None:
-    """The line pinned to vLLM `version`, if any."""
+    """The line that covers vLLM `version` (its pin, or a release it declares with ``#: also``), if any."""
     wanted = public_version(version)
-    return next((line for line in lines if public_version(line["version"]) == wanted), None)
+    return next((line for line in lines
+                 if wanted in {public_version(v) for v in (line["version"], *line.get("also", ()))}), None)
 
 
 def installed_version(dist) -> str:
