@@ -221,8 +221,18 @@ def load_kernel(path: Path) -> types.ModuleType:
                 sys.modules.pop(k, None)
             else:
                 sys.modules[k] = v
-    mod.SOURCE_SHA256 = hashlib.sha256(text.encode()).hexdigest()
+    mod.FILE_SHA256 = hashlib.sha256(text.encode()).hexdigest()
+    mod.SOURCE_SHA256 = kernels_sha256(mod)
     return mod
+
+
+def kernels_sha256(mod) -> str:
+    """The hash of the file's Triton kernels: the source of every @triton.jit function in it (what a compile
+    reads; the planner and the launch code around them may change without invalidating the compile cache)."""
+    from triton.runtime.jit import JITFunction
+
+    srcs = [f"{name}\0{obj.src}" for name, obj in sorted(vars(mod).items()) if isinstance(obj, JITFunction)]
+    return hashlib.sha256("\0".join(srcs).encode()).hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -305,28 +315,11 @@ def compile_kernel(mod, fn_name: str, target: Target, args: dict, num_warps: int
     from triton.compiler import ASTSource
 
     fn = getattr(mod, fn_name)
-    backend_cls = _backend_class(target)
-    signature, constexprs, attrs = {}, {}, {}
-    for i, name in enumerate(fn.arg_names):
-        value = args[name]
-        if fn.params[i].is_constexpr:
-            signature[name] = "constexpr"
-            constexprs[(i,)] = value
-            continue
-        ty, spec = _specialize(backend_cls, value)
-        signature[name] = ty
-        if ty == "constexpr":
-            constexprs[(i,)] = spec
-        elif spec is not None:
-            attrs[(i,)] = backend_cls.parse_attr(spec)
+    signature, constexprs, attrs = _compile_inputs(fn, target, args)
     options = {"num_warps": num_warps}
     if num_stages is not None:
         options["num_stages"] = num_stages
-    key = json.dumps([mod.SOURCE_SHA256, triton.__version__, dataclasses.astuple(target), fn_name, signature,
-                      sorted((k[0], repr(v)) for k, v in constexprs.items()),
-                      sorted((k[0], v) for k, v in attrs.items()), options], sort_keys=True, default=str)
-    digest = hashlib.sha256(key.encode()).hexdigest()
-    path = cache_dir() / triton.__version__ / target.name / f"{fn_name}-{digest[:24]}.json"
+    path = _cache_path(mod.SOURCE_SHA256, target, fn_name, signature, constexprs, attrs, options)
     if path.is_file():
         return json.loads(path.read_text())
     src = ASTSource(fn, signature, constexprs, attrs)
@@ -355,6 +348,35 @@ def compile_kernel(mod, fn_name: str, target: Target, args: dict, num_warps: int
     tmp.write_text(json.dumps(result, sort_keys=True))
     tmp.replace(path)
     return result
+
+
+def _compile_inputs(fn, target: Target, args: dict) -> tuple[dict, dict, dict]:
+    """(signature, constexprs, attrs) for ASTSource, as Triton's JIT builds them at a launch with args."""
+    backend_cls = _backend_class(target)
+    signature, constexprs, attrs = {}, {}, {}
+    for i, name in enumerate(fn.arg_names):
+        value = args[name]
+        if fn.params[i].is_constexpr:
+            signature[name] = "constexpr"
+            constexprs[(i,)] = value
+            continue
+        ty, spec = _specialize(backend_cls, value)
+        signature[name] = ty
+        if ty == "constexpr":
+            constexprs[(i,)] = spec
+        elif spec is not None:
+            attrs[(i,)] = backend_cls.parse_attr(spec)
+    return signature, constexprs, attrs
+
+
+def _cache_path(sha: str, target: Target, fn_name: str, signature, constexprs, attrs, options) -> Path:
+    import triton
+
+    key = json.dumps([sha, triton.__version__, dataclasses.astuple(target), fn_name, signature,
+                      sorted((k[0], repr(v)) for k, v in constexprs.items()),
+                      sorted((k[0], v) for k, v in attrs.items()), options], sort_keys=True, default=str)
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    return cache_dir() / triton.__version__ / target.name / f"{fn_name}-{digest[:24]}.json"
 
 
 def _backend_class(target: Target):
@@ -752,11 +774,11 @@ def main(argv=None) -> int:
         results, helper_recs = run_matrix(kernel, configs, helpers, args.jobs, args.out, progress=True)
     helpers = helper_recs
     problems = [p for r in results for p in check_route(r)] + [p for h in helpers for p in check_helper(h)]
-    doc = {"triton": triton.__version__, "kernel_sha256": mod.SOURCE_SHA256, "set": args.set,
-           "total": len(configs), "results": results, "helpers": helpers, "problems": problems}
+    doc = {"triton": triton.__version__, "kernel_file_sha256": mod.FILE_SHA256, "kernels_sha256": mod.SOURCE_SHA256,
+           "set": args.set, "total": len(configs), "results": results, "helpers": helpers, "problems": problems}
     args.out.write_text(json.dumps(doc, indent=1, sort_keys=True))
     if args.table:
-        write_table(args.table, results, helpers, triton.__version__, args.line, mod.SOURCE_SHA256, len(configs))
+        write_table(args.table, results, helpers, triton.__version__, args.line, mod.FILE_SHA256, len(configs))
     for p in problems:
         print("PROBLEM:", p, file=sys.stderr)
     return 1 if problems else 0
