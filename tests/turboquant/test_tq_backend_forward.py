@@ -317,6 +317,38 @@ def test_multi_query_route_needs_a_supported_head_dim(multi_query, patched_tree,
                                               kv_cache_dtype="turboquant_4bit_nc")._multi_query
 
 
+def test_multi_query_route_steps_aside_on_a_gpu_it_does_not_fit(multi_query, patched_tree, device, monkeypatch,
+                                                                  caplog):
+    """On a GPU (stood in for: its limits and its launches are the test's) whose shared memory takes no
+    tiling, the impl keeps the decode route and says so in one warning; a GPU that takes a narrower tiling
+    keeps the kernel, and its launches use that tiling."""
+    module = load_backend(patched_tree, flash=False)
+    mq = module.tq_mq_device_limits.__globals__
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(module, "tq_mq_device_limits", lambda device: mq["TQMQLimits"](101376, 86))
+    monkeypatch.setattr(module, "tq_mq_verify_probe", lambda tiles, **kw: "OutOfResources: shared memory")
+    SETTINGS.num_speculative_tokens = 3
+    try:
+        with caplog.at_level("WARNING"):
+            impl = module.TurboQuantAttentionImpl(num_heads=24, head_size=256, scale=1.0, num_kv_heads=4,
+                                                  kv_cache_dtype="turboquant_4bit_nc")
+        assert not impl._multi_query
+        assert [r for r in caplog.records if "does not fit" in r.getMessage()]
+        widest = mq["tq_mq_verify_candidates"](4, 6, 256, 4, False, mq["TQMQLimits"](232448, 90))[0]
+        monkeypatch.setattr(module, "tq_mq_verify_probe",
+                            lambda tiles, **kw: None if tiles.block_n < widest.block_n else "too big")
+        module._MULTI_QUERY_FITS.clear()
+        impl = module.TurboQuantAttentionImpl(num_heads=24, head_size=256, scale=1.0, num_kv_heads=4,
+                                              kv_cache_dtype="turboquant_4bit_nc")
+        assert impl._multi_query
+        assert mq["_planned_tiles"](torch.device("cuda", 0), 4, 6, 256, 4, False).block_n < widest.block_n
+    finally:
+        mq["_TILES"].clear()
+        SETTINGS.num_speculative_tokens = None
+
+
 # ---------------------------------------------------------------------------
 # Patch 0001: no host read of device tensors, capture guard, CPU mirrors
 # ---------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import builtins
 import contextlib
 import enum
 import hashlib
+import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,6 +197,20 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     return out
 
 
+class _Logger(logging.LoggerAdapter):
+    """vLLM's logger: the standard one with its ``*_once`` methods (here every call logs)."""
+
+    @classmethod
+    def named(cls, name: str) -> _Logger:
+        return cls(logging.getLogger(name), {})
+
+    def info_once(self, msg, *args, **_):
+        self.info(msg, *args)
+
+    def warning_once(self, msg, *args, **_):
+        self.warning(msg, *args)
+
+
 def _stub(name: str, **attrs) -> ModuleType:
     module = ModuleType(name)
     module.__dict__.update(attrs)
@@ -217,6 +232,8 @@ class _Settings:
         return SimpleNamespace(
             attention_config=SimpleNamespace(tq_max_kv_splits_for_cuda_graph=self.kv_splits),
             compilation_config=SimpleNamespace(cudagraph_mode=self.cudagraph_mode),
+            cache_config=SimpleNamespace(block_size=16),
+            model_config=SimpleNamespace(dtype=torch.bfloat16),
             speculative_config=spec)
 
 
@@ -277,6 +294,7 @@ def load_backend(tree: Path, *, flash: bool) -> ModuleType:
         "vllm.v1.attention.ops.triton_turboquant_store": load_module(tree, STORE),
         "vllm.model_executor.layers.quantization.turboquant.config": load_module(tree, TQ_CONFIG),
         "vllm.envs": _Envs("vllm.envs"),
+        "vllm.logger": _stub("vllm.logger", init_logger=_Logger.named),
     }
     if (tree / VERIFY).is_file():
         stubs["vllm.v1.attention.ops.triton_turboquant_verify"] = load_module(tree, VERIFY)
