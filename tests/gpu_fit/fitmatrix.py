@@ -619,7 +619,9 @@ def run_matrix(kernel: Path, configs: list[Config], helpers: list[tuple], jobs: 
 
 def _tiles_text(rec: dict) -> str:
     t = rec["tiles"]
-    return f"{t['block_m']}x{t['m_tiles']} n{t['block_n']} {t['precision']}"
+    text = f"{t['block_m']}x{t['m_tiles']} n{t['block_n']}"
+    # The score precision applies to MSE keys; FP8 keys always score with a float16 dot.
+    return text if PRESET[rec["config"]["preset"]].key_fp8 else f"{text} {t['precision']}"
 
 
 def _cell(rec: dict, threshold: int) -> str:
@@ -687,7 +689,7 @@ def write_table(path: Path, results: list[dict], helpers: list[dict], triton_ver
         "(`.private_segment_fixed_size`).",
         "",
         f"Kernel file sha256 {kernel_sha[:16]}; {len(results)} of {total} configurations planned. "
-        f"Cell: the chosen tiling (BLOCK_M x M tiles, BLOCK_N, score precision): compiled shared memory, "
+        f"Cell: the chosen tiling (BLOCK_M x M tiles, BLOCK_N, MSE score precision): compiled shared memory, "
         f"registers/thread, spill stores or scratch (**SPILL** above {threshold} B); "
         "`(after n refused)` = the planner shrank; **fallback** = no tiling fits, the backend takes the "
         "release's decode route.",
