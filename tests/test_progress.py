@@ -35,3 +35,14 @@ def test_quiet_says_nothing():
     with transfer("copying x", 10, quiet=True, stream=stream) as advance:
         advance(10)
     assert stream.getvalue() == ""
+
+
+def test_a_small_transfer_passes_in_silence():
+    """A few kilobytes (an index page, a small sdist) give no lines: they would only stand beside an error."""
+    stream = io.StringIO()
+    with transfer("copying x", progress.QUIET_BELOW - 1, stream=stream) as advance:
+        advance(progress.QUIET_BELOW - 1)
+    assert stream.getvalue() == ""
+    with transfer("copying y", progress.QUIET_BELOW, stream=stream) as advance:
+        advance(progress.QUIET_BELOW)
+    assert stream.getvalue().splitlines()[-1].startswith("copying y: 100%")

@@ -39,19 +39,26 @@ def dockerfile_runs(path: Path) -> dict[str, list[str]]:
     return stages
 
 
+# The guard (guard/) goes into vLLM's environment after the freeze check, and its entry point runs strict.
+GUARD = ["python3 -m pip install --no-cache-dir --no-deps /opt/vllm-patch/vllm_patch_guard-*.whl",
+         'python3 -c "from importlib.metadata import entry_points; [ep.load()() for ep in '
+         "entry_points(group='vllm.general_plugins') if ep.name == 'vllm_patch_guard']\""]
 EXPECTED = {
-    "tool": ["python3 -m pip freeze --all > /opt/vllm-patch/freeze-before.txt && python3 -m venv /opt/vllm-patch/venv "
-             "&& /opt/vllm-patch/venv/bin/pip install --no-cache-dir /opt/vllm-patch/src "
+    "tool-wheel": ["python3 -m pip wheel --no-cache-dir --no-deps /src /src/guard -w /wheels"],
+    "tool": ["mkdir -p /opt/vllm-patch && python3 -m pip freeze --all > /opt/vllm-patch/freeze-before.txt "
+             "&& python3 -m venv /opt/vllm-patch/venv "
+             "&& /opt/vllm-patch/venv/bin/pip install --no-cache-dir /tmp/tool-wheels/vllm_patch-*.whl "
+             "&& mv /tmp/tool-wheels/vllm_patch_guard-*.whl /opt/vllm-patch/ && rm -rf /tmp/tool-wheels "
              "&& ln -s /opt/vllm-patch/venv/bin/vllm-patch /usr/local/bin/vllm-patch"],
     "from-wheel": ["python3 -m pip install --no-cache-dir --no-deps --force-reinstall /tmp/dist/vllm-*+vp.*.whl "
                    "&& rm -rf /tmp/dist",
                    "vllm-patch status --python python3 --expect applied",
                    "python3 -m pip freeze --all | grep -v '^vllm[=@ ]' > /tmp/freeze-after.txt "
                    "&& grep -v '^vllm[=@ ]' /opt/vllm-patch/freeze-before.txt | diff - /tmp/freeze-after.txt "
-                   "&& rm /tmp/freeze-after.txt"],
+                   "&& rm /tmp/freeze-after.txt", *GUARD],
     "patched": ["vllm-patch apply --python python3",
                 "vllm-patch status --python python3 --expect applied",
-                "python3 -m pip freeze --all | diff /opt/vllm-patch/freeze-before.txt -"],
+                "python3 -m pip freeze --all | diff /opt/vllm-patch/freeze-before.txt -", *GUARD],
 }
 
 

@@ -14,6 +14,9 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, Trans
 MB = 1_000_000
 # Without a known total, a line every this many bytes.
 UNSIZED_STEP = 50 * MB
+# Smaller transfers of a known size pass in silence: a line per tenth of a few kilobytes is noise
+# (and would stand beside the one line of an error that follows a failed download).
+QUIET_BELOW = 10 * MB
 
 
 class LineProgress:
@@ -26,6 +29,8 @@ class LineProgress:
 
     def advance(self, n: int) -> None:
         self.done += n
+        if self.total is not None and self.total < QUIET_BELOW:
+            return
         step = self.done * 10 // self.total if self.total else self.done // UNSIZED_STEP
         if step > self.said:
             self.said = step
