@@ -239,3 +239,16 @@ def test_workspace_covers_the_widest_layer_and_at_most_the_token_budget(mq, v033
     assert mid_o, reserved
     assert {shape[1] for shape, _ in mid_o} == {32}
     assert max(shape[0] for shape, _ in mid_o) == 64  # min(32 * 4, 64) for the kernel's scratch
+
+
+def test_query_rotation_fits_the_smaller_parts(mq):
+    """The rotation of MSE queries stages a 32 x D query tile and a D x 64 tile of PiT in float32: 96 KiB at
+    D 256, over sm_75's 64 KiB (its compiled kernel needs 98304 B there). Its tiles shrink with the limit; the
+    tiles of the verify kernel carry them, and the probe launches the rotation too."""
+    for device, want in ((H100, (32, 64)), (RTX_3090, (32, 64)), (T4, (32, 16)), (MI300X, (32, 16))):
+        limits = _limits(mq, device)
+        rows, cols = mq.tq_mq_rotate_tiles(256, limits)
+        assert (rows, cols) == want and 4 * 256 * (rows + cols) <= device[0]
+        for tiles in mq.tq_mq_verify_candidates(4, 6, 256, 4, False, limits):
+            assert (tiles.rotate_rows, tiles.rotate_cols) == want
+    assert mq.tq_mq_rotate_tiles(128, _limits(mq, T4)) == (32, 64)
