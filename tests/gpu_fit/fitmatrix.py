@@ -428,12 +428,21 @@ def probe_args(mod, tiles, cfg: Config) -> dict:
     )
 
 
-def rotate_args(geo: Geometry, dtype: str, tokens: int = 64) -> dict:
+def rotate_tiles(mod, target: Target, head_dim: int) -> tuple[int, int]:
+    """(BLOCK_R, BLOCK_J) of _tq_mq_rotate_queries on target: the file's tq_mq_rotate_tiles where it has one
+    (the tiles from the device's limit), else the fixed 32 x min(64, D)."""
+    if hasattr(mod, "tq_mq_rotate_tiles"):
+        return tuple(mod.tq_mq_rotate_tiles(head_dim, limits_for(mod, target)))
+    return 32, min(64, head_dim)
+
+
+def rotate_args(geo: Geometry, dtype: str, tokens: int = 64, tiles: tuple[int, int] | None = None) -> dict:
     """_tq_mq_rotate_queries as triton_turboquant_mq_verify_attention launches it (MSE keys)."""
     d, hq = geo.head_dim, geo.q_heads
+    block_r, block_j = tiles or (32, min(64, d))
     return dict(Q_ptr=_Ptr(dtype), PiT_ptr=_Ptr("fp32"), Out_ptr=_Ptr("fp32"), num_rows=tokens * hq,
                 stride_qt=hq * d, stride_qh=d, stride_ot=hq * d, stride_oh=d,
-                NUM_Q_HEADS=hq, HEAD_DIM=d, BLOCK_R=32, BLOCK_J=min(64, d))
+                NUM_Q_HEADS=hq, HEAD_DIM=d, BLOCK_R=block_r, BLOCK_J=block_j)
 
 
 def reduce_args(geo: Geometry, dtype: str, k1: int = 4, splits: int = 32) -> dict:
@@ -542,7 +551,7 @@ def _helper(job) -> dict:
     target = TARGET[tname]
     geo = next(g for g in GEOMETRIES if g.head_dim == d)
     if fn == "_tq_mq_rotate_queries":  # Triton's default stages, as the launch passes none
-        res = compile_kernel(mod, fn, target, rotate_args(geo, dtype), 4, None)
+        res = compile_kernel(mod, fn, target, rotate_args(geo, dtype, tiles=rotate_tiles(mod, target, d)), 4, None)
     else:
         res = compile_kernel(mod, fn, target, reduce_args(geo, dtype), 4, 1)
     return {"kernel": fn, "target": tname, "head_dim": d, "dtype": dtype, "limit": target.max_shared,

@@ -18,8 +18,8 @@ FP32_SCORES = {"sm_75", "gfx90a", "gfx942", "gfx1100"}
 
 
 def _known_defect(problem: str) -> bool:
-    """_tq_mq_rotate_queries at D=256 stages 96 KiB (a 32 x 256 float32 query tile and a 256 x 64 rotation
-    tile) whatever the device: over the 64 KiB of sm_75. Nothing plans or probes it."""
+    """_tq_mq_rotate_queries at D=256 with fixed 32 x 64 tiles stages 96 KiB whatever the device, over the
+    64 KiB of sm_75 (kernel files without tq_mq_rotate_tiles): reported as an expected failure."""
     return problem.startswith("_tq_mq_rotate_queries ") and " D=256 " in problem and "needs 98304 B" in problem
 
 
