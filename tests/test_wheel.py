@@ -105,6 +105,16 @@ def test_other_version_is_refused(tmp_path, base_files, two_patch_series):
     assert out_is_empty(tmp_path / "dist")
 
 
+def rewritten(source: Path, folder: Path, edit) -> Path:
+    """A copy of the wheel `source` in `folder`, each member's bytes passed through edit(name, data)."""
+    folder.mkdir()
+    copy = folder / source.name
+    with zipfile.ZipFile(source) as src, zipfile.ZipFile(copy, "w") as dst:
+        for info in src.infolist():
+            dst.writestr(info, edit(info.filename, src.read(info.filename)))
+    return copy
+
+
 def test_corrupt_zip_is_refused(tmp_path, base_files, two_patch_series):
     source = make_wheel(tmp_path / "in", base_files)
     source.write_bytes(source.read_bytes()[:200])
@@ -115,12 +125,8 @@ def test_corrupt_zip_is_refused(tmp_path, base_files, two_patch_series):
 
 def test_member_differing_from_its_record_is_refused(tmp_path, base_files, two_patch_series):
     source = make_wheel(tmp_path / "in", base_files)
-    tampered = tmp_path / "t" / source.name
-    tampered.parent.mkdir()
-    with zipfile.ZipFile(source) as src, zipfile.ZipFile(tampered, "w") as dst:
-        for info in src.infolist():
-            data = src.read(info.filename)
-            dst.writestr(info, data.replace(b"return 1", b"return 9") if info.filename == "vllm/b.py" else data)
+    tampered = rewritten(source, tmp_path / "t",
+                         lambda name, data: data.replace(b"return 1", b"return 9") if name == "vllm/b.py" else data)
     with pytest.raises(InputError, match="corrupt"):
         build_wheel(load_series(two_patch_series), tampered, tmp_path / "dist")
     assert out_is_empty(tmp_path / "dist")
@@ -244,14 +250,8 @@ def test_unsafe_member_name_is_refused(tmp_path, base_files, two_patch_series, m
 
 def test_unsafe_name_only_in_record_is_refused(tmp_path, base_files, two_patch_series):
     source = make_wheel(tmp_path / "in", base_files)
-    tampered = tmp_path / "t" / source.name
-    tampered.parent.mkdir()
-    with zipfile.ZipFile(source) as src, zipfile.ZipFile(tampered, "w") as dst:
-        for info in src.infolist():
-            data = src.read(info.filename)
-            if info.filename.endswith("/RECORD"):
-                data += b"../../evil,,\n"
-            dst.writestr(info, data)
+    tampered = rewritten(source, tmp_path / "t",
+                         lambda name, data: data + b"../../evil,,\n" if name.endswith("/RECORD") else data)
     with pytest.raises(InputError, match="unsafe member name '../../evil'"):
         build_wheel(load_series(two_patch_series), tampered, tmp_path / "dist")
     assert out_is_empty(tmp_path / "dist")

@@ -17,7 +17,6 @@ import builtins
 import contextlib
 import enum
 import hashlib
-import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 import torch
 import torch.nn.functional as F
 
+from helpers import VllmLogger
 from vllm_tree import load_module
 
 BACKEND = "vllm/v1/attention/backends/turboquant_attn.py"
@@ -197,20 +197,6 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     return out
 
 
-class _Logger(logging.LoggerAdapter):
-    """vLLM's logger: the standard one with its ``*_once`` methods (here every call logs)."""
-
-    @classmethod
-    def named(cls, name: str) -> _Logger:
-        return cls(logging.getLogger(name), {})
-
-    def info_once(self, msg, *args, **_):
-        self.info(msg, *args)
-
-    def warning_once(self, msg, *args, **_):
-        self.warning(msg, *args)
-
-
 def _stub(name: str, **attrs) -> ModuleType:
     module = ModuleType(name)
     module.__dict__.update(attrs)
@@ -294,7 +280,7 @@ def load_backend(tree: Path, *, flash: bool) -> ModuleType:
         "vllm.v1.attention.ops.triton_turboquant_store": load_module(tree, STORE),
         "vllm.model_executor.layers.quantization.turboquant.config": load_module(tree, TQ_CONFIG),
         "vllm.envs": _Envs("vllm.envs"),
-        "vllm.logger": _stub("vllm.logger", init_logger=_Logger.named),
+        "vllm.logger": _stub("vllm.logger", init_logger=VllmLogger.named),
     }
     if (tree / VERIFY).is_file():
         stubs["vllm.v1.attention.ops.triton_turboquant_verify"] = load_module(tree, VERIFY)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import ast
 import builtins
 import enum
-import logging
 import math
 import sys
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 
+from helpers import VllmLogger
 from references import TQLayout
 
 TQ = "vllm/v1/attention/backends/turboquant_attn.py"
@@ -98,20 +98,6 @@ def mq_stand_in(rec: Recorder) -> ModuleType:
 
     return _module("mq", triton_turboquant_mq_verify_attention=attention, tq_mq_verify_supports=supports,
                    tq_mq_device_limits=unused, tq_mq_verify_probe=unused, tq_mq_verify_select=unused)
-
-
-class _Logger(logging.LoggerAdapter):
-    """vLLM's logger: the standard one with its ``*_once`` methods (here every call logs)."""
-
-    @classmethod
-    def named(cls, name: str) -> _Logger:
-        return cls(logging.getLogger(name), {})
-
-    def info_once(self, msg, *args, **_):
-        self.info(msg, *args)
-
-    def warning_once(self, msg, *args, **_):
-        self.warning(msg, *args)
 
 
 def _module(name: str, **attrs) -> ModuleType:
@@ -198,7 +184,7 @@ def make_stubs(tree: Path, rec: Recorder, mq: ModuleType | None = None) -> dict[
         "vllm.model_executor.layers.quantization.turboquant.config": _module(
             "tc", TurboQuantConfig=SimpleNamespace(from_cache_dtype=tq_config)),
         "vllm.config.cache": _module("vllm.config.cache", CacheDType=str),
-        "vllm.logger": _module("vllm.logger", init_logger=_Logger.named),
+        "vllm.logger": _module("vllm.logger", init_logger=VllmLogger.named),
         "vllm.model_executor.layers.quantization.turboquant.centroids": _module(
             "c", get_centroids=unused),
         "vllm.triton_utils": _module("vllm.triton_utils", triton=SimpleNamespace(
