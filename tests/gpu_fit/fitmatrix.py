@@ -79,6 +79,9 @@ HIP_CAPABILITY = {"gfx90a": (9, 0), "gfx942": (9, 4), "gfx1100": (11, 0)}
 
 @dataclass(frozen=True)
 class Preset:
+    """A TurboQuant preset's slot layout, as tests/kernels/references.TQLayout gives it; kept here because
+    this file runs in a Triton-only interpreter (the 3.8 venv has no torch, which references imports)."""
+
     name: str
     key_bits: int  # 8 = FP8 keys
     value_bits: int
