@@ -128,3 +128,45 @@ def test_invalid_trailer_is_one_line_exit_2_from_the_commands(upstream, tmp_path
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Obsolete-If" in errors[0] and "0001-fix.patch" in errors[0], result.stderr
     assert snapshot(root) == before and not mark.exists() and not os.path.exists(root / ".vllm-patch-rebase")
+
+
+def test_labelled_checks_make_parts():
+    patch = patch_with('[graph safety] vllm/a.py contains "safe"', '[speed] vllm/a.py contains "fast"',
+                       '[ graph   safety ] vllm/b.py matches "^ok$"')
+    conds = conditions(patch)
+    assert [(c.part, c.path) for c in conds] == [("graph safety", "vllm/a.py"), ("speed", "vllm/a.py"),
+                                                 ("graph safety", "vllm/b.py")]
+    assert conditions(patch_with('vllm/a.py contains "x"'))[0].part == "whole"
+    with pytest.raises(InputError, match="malformed"):
+        conditions(patch_with("[speed] whenever"))
+
+
+@pytest.mark.parametrize("a, b, held, pending", [
+    ("safe fast", "ok", ("graph safety", "speed"), ()),
+    ("safe", "ok", ("graph safety",), ("speed",)),
+    ("safe fast", "no", ("speed",), ("graph safety",)),  # one failing check fails its whole part
+    ("", "ok", None, None),
+])
+def test_a_patch_is_obsolete_when_every_part_holds_and_partly_when_some_do(a, b, held, pending):
+    patch = patch_with('[graph safety] vllm/a.py contains "safe"', '[speed] vllm/a.py contains "fast"',
+                       '[graph safety] vllm/b.py matches "^ok$"')
+    files = {"vllm/a.py": a.encode(), "vllm/b.py": b.encode()}
+    judge = Judge(lambda paths: {p: files.get(p) for p in paths})
+    found = judge.judge(patch)
+    if held is None:
+        assert found is None and judge.obsolete(patch) is None
+        return
+    assert (found.held, found.pending) == (held, pending)
+    assert (judge.obsolete(patch) is not None) == (not pending)
+    if pending:
+        text = found.describe()
+        assert text.startswith(f"partly obsolete: {held[0]} (") and text.endswith(f"still needed: {pending[0]}")
+
+
+def test_a_test_check_is_given_the_base_under_test(tmp_path):
+    root = series_with(tmp_path, 'test "tests/test_env.py::test_base"')
+    base = tmp_path / "base"
+    base.mkdir()
+    (root / "tests" / "test_env.py").write_text(
+        f"import os\n\ndef test_base():\n    assert os.environ['VLLM_PATCH_BASE_UNDER_TEST'] == {str(base)!r}\n")
+    assert judge_of(root, base).obsolete(load_series(root).patches[0])

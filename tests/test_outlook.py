@@ -302,3 +302,20 @@ def test_git_failures_are_one_line_errors(tmp_path, monkeypatch):
     with pytest.raises(UpstreamError, match="cannot run git merge-file"):
         merge3.merge_file(b"a\n", b"b\n", b"c\n", ("x", "y", "z"))
     shutil.rmtree(tmp_path / "cache.git")
+
+
+def test_a_partly_obsolete_patch_is_carried_and_its_parts_named(upstream, tmp_path, monkeypatch):
+    repo, cache = upstream
+    trailers = ('Origin: vendor\nObsolete-If: [note] vllm/layers/layer.py contains "# upstream note"\n'
+                'Obsolete-If: [fix] vllm/layers/layer.py contains "return x + 10  # vp fix"\n')
+    root = build_series(tmp_path / "s", OLD, [("fix", {"vllm/layer.py": patched_layer()})], trailers=trailers)
+    result = build_outlook(load_series(root), cache, ["0.21.0"], repo=str(repo))
+    cell = result.rows[0].stacked["0001-fix.patch"]
+    assert cell.state == "moved" and cell.glyph == "→◐"
+    assert "partly obsolete: note (" in cell.partly and cell.partly.endswith("still needed: fix")
+    assert "| 0.21.0 | →◐ |" in to_markdown(result) and to_dict(result)["releases"][0]["patches"][
+        "0001-fix.patch"]["stacked"]["partly"] == cell.partly
+    done = rebaser(root, cache, monkeypatch).start("v0.21.0", cache.from_git(str(repo), "v0.20.0"),
+                                                   cache.from_git(str(repo), "v0.21.0"))
+    assert [o.step for o in done.outcomes] == [Step.MERGED] and "still needed: fix" in done.outcomes[0].note
+    assert load_series(root).names == ("0001-fix.patch",)

@@ -4,7 +4,8 @@
 ``v033_pristine_tree`` is the 0.33.0 sdist (downloaded once, cached); ``v033_tree`` a copy of it with the line's
 series applied through the tool. ``$VLLM_PATCH_V033_TREE`` names another tree to test instead: pointing it at
 the pristine tree shows which tests the line makes pass (``$VLLM_PATCH_V033_PRISTINE_TREE`` likewise for the
-release).
+release). A patch's ``Obsolete-If: test`` check runs these tests on a newer release's unpatched tree, which
+the tool names in ``$VLLM_PATCH_BASE_UNDER_TEST``: ``v033_tree`` is then that tree.
 """
 
 from __future__ import annotations
@@ -48,8 +49,9 @@ def v033_pristine_tree(v033_series: Series) -> Path:
 
 @pytest.fixture(scope="session")
 def v033_tree(v033_pristine_tree: Path, v033_series: Series, tmp_path_factory) -> Path:
-    """$VLLM_PATCH_V033_TREE, else a copy of the release's vllm/ with the line applied (all or nothing)."""
-    chosen = tree_from_env("VLLM_PATCH_V033_TREE")
+    """$VLLM_PATCH_V033_TREE, else $VLLM_PATCH_BASE_UNDER_TEST (an obsolete check's new base), else a copy of
+    the release's vllm/ with the line applied (all or nothing)."""
+    chosen = tree_from_env("VLLM_PATCH_V033_TREE") or tree_from_env("VLLM_PATCH_BASE_UNDER_TEST")
     if chosen is not None:
         return chosen
     dest = tmp_path_factory.mktemp("v033-patched")

@@ -8,11 +8,19 @@ base when it has at least one such trailer and every one of them holds there::
     Obsolete-If: vllm/v1/attention/backends/gdn_attn.py matches "spec_token_indx\\s*=\\s*.*index_select"
     Obsolete-If: test "tests/gdn/test_gdn_builder.py::test_zero_draft_rows"
 
+A patch that does more than one thing names its parts: a check may begin with a
+part in brackets, ``Obsolete-If: [graph safety] test "tests/...::test_x"``; checks
+without one belong to the part named ``whole``. A part holds when every one of its
+checks holds; the patch is obsolete when every part holds, and *partly obsolete*
+when some do (``outlook`` and ``rebase`` then carry it as usual and name the parts
+upstream has made unnecessary, so a maintainer can trim or split it).
+
 ``contains`` takes a literal text, ``matches`` a Python regular expression
 (multi-line mode); both look at the file of that path on the *unpatched* new
 base (a path as it is there, not as it was). ``test`` runs a test of this
-project with pytest, the new base's tree given to it as ``$VLLM_PATCH_PRISTINE_TREE``
-and ``$VLLM_PATCH_PATCHED_TREE``: it must pass (skipped does not count).
+project with pytest, the new base's tree given to it as ``$VLLM_PATCH_BASE_UNDER_TEST``
+(and, for the tests of line v0.20, ``$VLLM_PATCH_PRISTINE_TREE`` and
+``$VLLM_PATCH_PATCHED_TREE``): it must pass (skipped does not count).
 
 A trailer is input like a patch's paths: a file path that could leave the tree, or a test
 that is not a ``.py`` file of the project's own ``tests/`` (absolute, ``..``, a symlink
@@ -40,6 +48,10 @@ from ..errors import CheckNotRun, InputError
 TRAILER = "Obsolete-If"
 RE_FILE = re.compile(r"^(?P<path>\S+)\s+(?P<op>contains|matches)\s+(?P<text>.+)$")
 RE_TEST = re.compile(r"^test\s+(?P<text>.+)$")
+RE_PART = re.compile(r"^\[(?P<part>[^\[\]\n]+)\]\s+(?P<rest>.+)$")
+WHOLE = "whole"
+# What a test check is given: the unpatched new base (tests of every line read it).
+BASE_ENV = "VLLM_PATCH_BASE_UNDER_TEST"
 TESTS_DIR = "tests"
 TEST_TIMEOUT = 600
 
@@ -52,9 +64,30 @@ class Condition:
     path: str  # the file looked at ("" for a test)
     text: str  # the literal, the regex or the test's node id
     source: str  # the trailer's value as written
+    part: str = WHOLE  # what of the patch this check judges
 
     def describe(self) -> str:
         return f"{TRAILER}: {self.source}"
+
+
+@dataclass(frozen=True)
+class Obsolescence:
+    """What a base makes unnecessary of one patch: the parts whose checks all hold, and the rest."""
+
+    held: tuple[str, ...]
+    pending: tuple[str, ...]
+    reason: str  # the checks of the parts that hold
+
+    @property
+    def whole(self) -> bool:
+        return bool(self.held) and not self.pending
+
+    def describe(self) -> str:
+        """One phrase: what holds, and (partly obsolete) what is still needed."""
+        if self.whole:
+            return self.reason
+        return (f"partly obsolete: {', '.join(self.held)} ({self.reason}); "
+                f"still needed: {', '.join(self.pending)}")
 
 
 def _unquote(text: str) -> str:
@@ -83,15 +116,19 @@ def conditions(patch: Patch) -> list[Condition]:
         if key.lower() != TRAILER.lower():
             continue
         where = f"{patch.name}: invalid '{TRAILER}: {value}'"
-        m = RE_TEST.match(value)
+        part, check = WHOLE, value
+        labelled = RE_PART.match(value)
+        if labelled:
+            part, check = " ".join(labelled.group("part").split()), labelled.group("rest")
+        m = RE_TEST.match(check)
         if m:
-            found.append(Condition("test", "", _test_node(where, _unquote(m.group("text"))), value))
+            found.append(Condition("test", "", _test_node(where, _unquote(m.group("text"))), value, part))
             continue
-        m = RE_FILE.match(value)
+        m = RE_FILE.match(check)
         if not m:
             raise InputError(f"{patch.name}: malformed '{TRAILER}: {value}': expected 'PATH contains \"TEXT\"', "
-                             "'PATH matches \"REGEX\"' or 'test \"NODEID\"'")
-        cond = Condition(m.group("op"), check_path(where, m.group("path")), _unquote(m.group("text")), value)
+                             "'PATH matches \"REGEX\"' or 'test \"NODEID\"', after an optional '[PART] '")
+        cond = Condition(m.group("op"), check_path(where, m.group("path")), _unquote(m.group("text")), value, part)
         if cond.op == "matches":
             try:
                 re.compile(cond.text)
@@ -147,19 +184,28 @@ class Judge:
         ok = cond.text in text if cond.op == "contains" else re.search(cond.text, text, re.M) is not None
         return ok, f"{cond.path} {cond.op} {cond.text!r}" if ok else f"{cond.path} lacks it"
 
-    def obsolete(self, patch: Patch) -> str | None:
-        """Why `patch` is obsolete on this base (every check holds), or None."""
-        conds = conditions(patch)
-        if not conds:
+    def _holds(self, patch: Patch, cond: Condition) -> bool:
+        try:
+            return self.holds(cond)[0]
+        except CheckNotRun as exc:
+            raise CheckNotRun(f"{patch.name}: {exc.message}") from None
+
+    def judge(self, patch: Patch) -> Obsolescence | None:
+        """Which parts of `patch` this base makes unnecessary; None when no part does.
+        Within a part the checks stop at the first that fails; every part is judged."""
+        parts: dict[str, list[Condition]] = {}
+        for cond in conditions(patch):
+            parts.setdefault(cond.part, []).append(cond)
+        held = [name for name, conds in parts.items() if all(self._holds(patch, c) for c in conds)]
+        if not held:
             return None
-        for cond in conds:
-            try:
-                holds = self.holds(cond)[0]
-            except CheckNotRun as exc:
-                raise CheckNotRun(f"{patch.name}: {exc.message}") from None
-            if not holds:
-                return None
-        return "; ".join(c.describe() for c in conds)
+        reason = "; ".join(c.describe() for name in held for c in parts[name])
+        return Obsolescence(tuple(held), tuple(n for n in parts if n not in held), reason)
+
+    def obsolete(self, patch: Patch) -> str | None:
+        """Why `patch` is obsolete on this base (every part holds), or None."""
+        found = self.judge(patch)
+        return found.reason if found is not None and found.whole else None
 
 
 def project_test_runner(project: Path, tree: Callable[[], Path]) -> TestRunner:
@@ -170,7 +216,8 @@ def project_test_runner(project: Path, tree: Callable[[], Path]) -> TestRunner:
         root = tree()
         with tempfile.TemporaryDirectory(prefix="vllm-patch-obsolete-") as tmp:
             report = Path(tmp) / "junit.xml"
-            env = {**os.environ, "VLLM_PATCH_PRISTINE_TREE": str(root), "VLLM_PATCH_PATCHED_TREE": str(root)}
+            env = {**os.environ, BASE_ENV: str(root), "VLLM_PATCH_PRISTINE_TREE": str(root),
+                   "VLLM_PATCH_PATCHED_TREE": str(root)}
             try:
                 done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                        f"--junitxml={report}", node], cwd=project, env=env, capture_output=True,

@@ -10,7 +10,9 @@ For every release, each patch is carried onto the release's tree the way
 Fates: ``clean``, ``merged`` (3-way, checked), ``moved`` (its files moved upstream;
 it goes through at the new paths, clean or merged), ``upstreamed``, ``obsolete``
 (its ``Obsolete-If:`` checks hold), ``conflict`` (files and regions), ``gone``
-(a file it changes was deleted upstream with no renamed successor). Nothing in
+(a file it changes was deleted upstream with no renamed successor). A patch some
+of whose parts are obsolete there (``Obsolete-If: [part] ...``) is carried as
+usual and marked ``◐``, its cell naming the parts that hold. Nothing in
 the series is written; trees come from the cache repository (downloaded once).
 """
 
@@ -50,6 +52,7 @@ MEANING = {
     "conflict": "needs a hand merge",
     "gone": "a file it changes was deleted upstream",
 }
+PARTLY = "◐"
 STYLES = {"clean": "green", "merged": "yellow", "moved": "blue", "upstreamed": "cyan", "obsolete": "magenta",
           "conflict": "red", "gone": "bold red"}
 
@@ -65,10 +68,11 @@ class Cell:
     conflicts: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     reason: str = ""
+    partly: str = ""  # the parts of the patch the release makes unnecessary (its Obsolete-If parts)
 
     @property
     def glyph(self) -> str:
-        return GLYPHS[self.state]
+        return GLYPHS[self.state] + (PARTLY if self.partly else "")
 
     def detail(self, moves: Moves) -> str:
         parts = []
@@ -92,11 +96,13 @@ class Cell:
             parts.append("the release has its result")
         if self.state == "merged":
             parts.append("3-way merge, checked")
+        if self.partly:
+            parts.append(self.partly)
         return "; ".join(parts)
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"state": self.state}
-        for key in ("via", "moved", "gone", "conflicts", "problems", "reason"):
+        for key in ("via", "moved", "gone", "conflicts", "problems", "reason", "partly"):
             if getattr(self, key):
                 out[key] = getattr(self, key)
         if self.conflicts:
@@ -192,9 +198,9 @@ def carry(series: Series, old_base: Contents, stages: list[Contents], new_base: 
     alone: dict[str, Cell] = {}
     now = dict(new_base)
     for i, patch in enumerate(series.patches):
-        why = judge.obsolete(patch)
-        if why:
-            stacked[patch.name] = alone[patch.name] = Cell("obsolete", reason=why)
+        found = judge.judge(patch)
+        if found is not None and found.whole:
+            stacked[patch.name] = alone[patch.name] = Cell("obsolete", reason=found.reason)
             continue
         before, after = stages[i - 1] if i else old_base, stages[i]
         by_itself = port(patch, before, after, new_base, tag, moves)
@@ -204,6 +210,8 @@ def carry(series: Series, old_base: Contents, stages: list[Contents], new_base: 
         if on_stack.step in (Step.CLEAN, Step.MERGED):
             now.update(on_stack.result)
         stacked[patch.name], alone[patch.name] = cell_of(on_stack), cell_of(by_itself)
+        if found is not None:
+            stacked[patch.name].partly = alone[patch.name].partly = found.describe()
     return stacked, alone
 
 
@@ -254,12 +262,13 @@ def short(name: str) -> str:
 def cell_text(row: Row, name: str) -> tuple[str, str]:
     """The table cell (stacked glyph, then the alone glyph where it differs) and its style."""
     s, a = row.stacked[name], row.alone[name]
-    text = s.glyph if s.state == a.state else f"{s.glyph}/{a.glyph}"
+    text = s.glyph if s.glyph == a.glyph else f"{s.glyph}/{a.glyph}"
     return text, STYLES[s.state]
 
 
 def legend() -> str:
-    return "  ".join(f"{GLYPHS[k]} {k}" for k in GLYPHS) + "  (x/y: stacked/alone where they differ)"
+    return "  ".join(f"{GLYPHS[k]} {k}" for k in GLYPHS) + f"  {PARTLY} partly obsolete (carried)" \
+        "  (x/y: stacked/alone where they differ)"
 
 
 def _ranges(versions: list[str], order: list[str]) -> str:
@@ -341,7 +350,8 @@ def to_dict(result: Outlook) -> dict[str, Any]:
         "pin": {"version": pin.version, "tag": pin.tag, "commit": pin.commit},
         "series": result.digest,
         "patches": result.names,
-        "legend": {k: {"glyph": GLYPHS[k], "meaning": MEANING[k]} for k in GLYPHS},
+        "legend": {**{k: {"glyph": GLYPHS[k], "meaning": MEANING[k]} for k in GLYPHS},
+                   "partly": {"glyph": PARTLY, "meaning": "some of its Obsolete-If parts hold; carried as usual"}},
         "releases": [{
             "version": row.version, "commit": row.tree.commit, "upstream_commit": row.tree.upstream_commit,
             "source": row.tree.source, "moves": row.moves.as_dict(), "seconds": round(row.seconds, 3),

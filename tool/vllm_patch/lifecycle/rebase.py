@@ -1,7 +1,8 @@
 """Rebase the series onto a new upstream tree.
 
 For each patch, in order, on the new base: ``obsolete`` (its own
-``Obsolete-If:`` checks hold there: dropped and logged), ``clean`` (applies as
+``Obsolete-If:`` checks hold there: dropped and logged; where only some of its
+parts hold it is carried, and its outcome names them), ``clean`` (applies as
 is), ``upstreamed`` (the new base already holds its result: dropped and logged),
 ``merged`` (a 3-way merge of old base, old patched and new base file, checked to
 compile with no new undefined names: review it), or ``conflict`` (stop; the
@@ -449,13 +450,14 @@ class Rebaser:
                 done = Port(Step.MERGED, resolved)
                 note = "resolved by hand"
             else:
-                why = judge.obsolete(patch)
-                if why:
-                    outcomes.append(PatchOutcome(patch.name, Step.OBSOLETE, list(followed.paths), note=why))
+                found = judge.judge(patch)
+                if found is not None and found.whole:
+                    outcomes.append(PatchOutcome(patch.name, Step.OBSOLETE, list(followed.paths),
+                                                 note=found.reason))
                     continue
                 new_before = self.cache.read(writer.parent, list(followed.paths))
                 done = port(patch, old_before, old_after, new_before, state.tag, moves)
-                note = ""
+                note = found.describe() if found is not None else ""
             moved_note = "; ".join(f"{a} -> {b}" for a, b in done.moved.items())
             if moved_note:
                 note = f"moved: {moved_note}" + (f"; {note}" if note else "")
