@@ -317,3 +317,57 @@ def test_two_builds_of_one_model_at_once_share_one_complete_folder(tmp_path, mon
     assert sorted(p.name for p in tmp_path.iterdir()) == [dests[0].name]
     assert (dests[0] / "config.json").exists() and list(dests[0].glob("*.safetensors"))
     assert models.build(spec, tmp_path) == dests[0]  # the finished folder is found, not built again
+
+
+class _Engine:
+    """vLLM's LLMEngine as `staggered` uses it: requests join the running batch at add_request, every step
+    gives each running request one more token, a request finishes at its max_tokens."""
+
+    def __init__(self):
+        self.running, self.steps, self.joined = {}, 0, []
+
+    def add_request(self, request_id, prompt, params):
+        internal = f"{request_id}-x1"
+        self.running[internal] = (request_id, [])
+        self.joined.append((request_id, self.steps, len(self.running)))
+        return internal
+
+    def has_unfinished_requests(self):
+        return bool(self.running)
+
+    def step(self):
+        self.steps += 1
+        outs = []
+        for rid, (given, tokens) in list(self.running.items()):
+            tokens.append(int(given.split("-")[1]) * 100 + len(tokens))
+            finished = len(tokens) == 5
+            outs.append(dataclasses.make_dataclass("Out", ["request_id", "finished", "outputs"])(
+                given, finished, [dataclasses.make_dataclass("C", ["token_ids"])(list(tokens))]))
+            if finished:
+                del self.running[rid]
+        return outs
+
+
+def test_staggered_requests_join_at_their_steps_and_come_back_in_prompt_order():
+    from harness.child import staggered
+
+    llm = type("LLM", (), {"llm_engine": _Engine()})()
+    tokens = staggered(llm, [[1], [2], [3]], None, [3, 0, 3])
+    assert [(rid, step) for rid, step, _ in llm.llm_engine.joined] == [("arrival-1", 0), ("arrival-0", 3),
+                                                                        ("arrival-2", 3)]
+    assert llm.llm_engine.joined[1][2] == 2  # request 0 joined while request 1 was still decoding
+    assert tokens == [[k * 100 + i for i in range(5)] for k in range(3)]
+
+
+def test_arrival_and_long_prompt_scenarios():
+    arrivals = BY_NAME["i-hybrid-tq-4bit_nc-mtp3-arrivals"]
+    (w,) = arrivals.test.workloads
+    assert len(w.arrivals) == len(w.prompts) and w.arrivals[0] == 0 and list(w.arrivals) == sorted(w.arrivals)
+    assert engine_digest(arrivals.test) != engine_digest(dataclasses.replace(
+        arrivals.test, workloads=(dataclasses.replace(w, arrivals=()),)))
+    long = BY_NAME["h-hybrid-tq-4bit_nc-mtp1-long"]
+    config = long.test.model.config
+    assert (config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]) == (24, 4, 256)
+    assert max(map(len, long.test.workloads[0].prompts)) + 96 <= long.test.kwargs["max_model_len"] \
+        <= config["max_position_embeddings"]
+    assert long.test.kwargs["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 1}

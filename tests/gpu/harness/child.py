@@ -91,6 +91,28 @@ def teacher_gaps(llm, sampling_params, prompts: list[list[int]], outputs: list[l
     return result
 
 
+def staggered(llm, prompts: list[list[int]], params, arrivals: list[int]) -> list[list[int]]:
+    """Each prompt's output tokens, prompt i added through the engine's request API just before engine
+    step `arrivals[i]` (steps counted from the first), so later requests join batches of requests that
+    are already decoding."""
+    engine = llm.llm_engine
+    order = sorted(range(len(prompts)), key=lambda i: arrivals[i])
+    index: dict[str, int] = {}
+    done: dict[int, list[int]] = {}
+    step = 0
+    while order or engine.has_unfinished_requests():
+        while order and arrivals[order[0]] <= step:
+            i = order.pop(0)
+            given = f"arrival-{i}"
+            index[given] = i
+            index[str(engine.add_request(given, {"prompt_token_ids": list(prompts[i])}, params))] = i
+        for out in engine.step():
+            if out.finished:
+                done[index[out.request_id]] = list(out.outputs[0].token_ids)
+        step += 1
+    return [done[i] for i in range(len(prompts))]
+
+
 def run(job: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {"booted": False, "workloads": {}}
     started = time.perf_counter()
@@ -138,9 +160,12 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
                                     detokenize=False, ignore_eos=True)
             before = _spec_metrics(llm)
             t0 = time.perf_counter()
-            outs = llm.generate([{"prompt_token_ids": list(p)} for p in w["prompts"]], params, use_tqdm=False)
+            if w.get("arrivals"):
+                tokens = staggered(llm, w["prompts"], params, w["arrivals"])
+            else:
+                outs = llm.generate([{"prompt_token_ids": list(p)} for p in w["prompts"]], params, use_tqdm=False)
+                tokens = [list(o.outputs[0].token_ids) for o in outs]
             seconds = time.perf_counter() - t0
-            tokens = [list(o.outputs[0].token_ids) for o in outs]
             after = _spec_metrics(llm)
             result["workloads"][w["name"]] = {
                 "tokens": tokens,

@@ -98,7 +98,17 @@ QWEN3_NEXT12_DENSE_MTP = ModelSpec(
     config={**QWEN3_NEXT12.config, "num_experts_per_tok": QWEN3_NEXT12.config["num_experts"]},
     seed=1, std=0.02, mtp_layers=1)
 
-MODELS = {m.name: m for m in (LLAMA6, QWEN3_NEXT12, QWEN3_NEXT12_MTP, QWEN3_NEXT12_DENSE_MTP, LLAMA28)}
+# The attention geometry of the users' Qwen3.6-27B-class hybrids (24 query / 4 KV heads, head dim 256:
+# G=6, the case the multi-query kernel tiles most tightly) on the dense hybrid above, with positions
+# for prompts of several thousand tokens.
+QWEN3_NEXT12_G6D256_MTP = ModelSpec(
+    name="qwen3next12-allexperts-mtp-g6d256", arch="qwen3_next",
+    config={**QWEN3_NEXT12_DENSE_MTP.config, "num_attention_heads": 24, "num_key_value_heads": 4, "head_dim": 256,
+            "max_position_embeddings": 16384},
+    seed=1, std=0.02, mtp_layers=1)
+
+MODELS = {m.name: m for m in (LLAMA6, QWEN3_NEXT12, QWEN3_NEXT12_MTP, QWEN3_NEXT12_DENSE_MTP, QWEN3_NEXT12_G6D256_MTP,
+                              LLAMA28)}
 
 
 def _config(spec: ModelSpec):

@@ -11,16 +11,27 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .models import LLAMA6, LLAMA28, QWEN3_NEXT12, QWEN3_NEXT12_DENSE_MTP, QWEN3_NEXT12_MTP, ModelSpec
+from .models import (
+    LLAMA6,
+    LLAMA28,
+    QWEN3_NEXT12,
+    QWEN3_NEXT12_DENSE_MTP,
+    QWEN3_NEXT12_G6D256_MTP,
+    QWEN3_NEXT12_MTP,
+    ModelSpec,
+)
 
 
 @dataclass(frozen=True)
 class Workload:
-    """One `LLM.generate` call: the prompts go in as one batch."""
+    """One `LLM.generate` call: the prompts go in as one batch; or, with `arrivals`, one request
+    a prompt through the engine's request API, prompt i added before engine step `arrivals[i]`, so
+    that later prompts arrive while earlier requests decode (harness.child.staggered)."""
 
     name: str
     prompts: tuple[tuple[int, ...], ...]
     max_tokens: int = 64
+    arrivals: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -44,7 +55,8 @@ class Engine:
         """Engines with the same key give the same tokens; a shared reference runs once."""
         return json.dumps({"model": self.model.key(), "kwargs": self.kwargs, "score": self.score,
                            "force": self.force, **({"env": list(map(list, self.env))} if self.env else {}),
-                           "workloads": [[w.name, w.prompts, w.max_tokens] for w in self.workloads]},
+                           "workloads": [[w.name, w.prompts, w.max_tokens, *([w.arrivals] if w.arrivals else [])]
+                                         for w in self.workloads]},
                           sort_keys=True)
 
 
@@ -240,6 +252,58 @@ def _preemption(method: str) -> Scenario:
     )
 
 
+def _long_prompts(preset: str, k: int) -> Scenario:
+    """vllm#52475 (RTX 5090, a Qwen hybrid, TurboQuant MSE presets with MTP): K=3 collapses into one
+    repeated token on prompts of ~8k tokens, K=1 ends in an illegal memory access. Prompts of 1.5k to 7k
+    tokens (hundreds of KV blocks, prefilled in 512-token chunks beside verify rows), FULL_AND_PIECEWISE,
+    a request alone and a mixed batch of 3, in the users' attention geometry (24/4 heads, head dim 256).
+    Judged by the forced oracle."""
+    model = QWEN3_NEXT12_G6D256_MTP
+    vocab = model.config["vocab_size"]
+    long = (_prompt(71, 7000, vocab, period=97), _prompt(72, 1500, vocab), _prompt(73, 4000, vocab, period=13))
+    workloads = (Workload("single7k", long[:1], max_tokens=96), Workload("mixed3", long, max_tokens=64))
+    base: dict[str, Any] = {"kv_cache_dtype": f"turboquant_{preset}", "max_model_len": 8192,
+                            "max_num_batched_tokens": 512}
+    plain = {**base, "async_scheduling": False}
+    return Scenario(
+        name=f"h-hybrid-tq-{preset}-mtp{k}-long",
+        title=f"Qwen3-Next hybrid (24/4 heads, head dim 256), TurboQuant {preset}, MTP k={k}, FULL_AND_PIECEWISE, "
+              "prompts of 1.5k-7k tokens, "
+              "a request alone and a mixed batch of 3, vs a plain decode forced along the same tokens",
+        test=_engine(model, workloads, speculative_config=mtp(k), **base),
+        reference=replace(_engine(model, workloads, **plain), force=True),
+        calibration=_engine(model, workloads, **{**plain, "max_num_batched_tokens": 8192}),
+        unpatched="0.33.0 (vllm#52475): K=3 collapses into a repeated token, K=1 an illegal memory access",
+        fixed_by=("0001", "0003"),
+        oracle="forced",
+    )
+
+
+def _arrivals(preset: str, method: str) -> Scenario:
+    """Requests that arrive while others decode: two start together, four more join one by one while
+    the first are in verify steps, so their prompt chunks (64-token steps) share batches with verify
+    rows, the batches the line splits between the kernel route and the per-request loop. (A fork's
+    users report that a late request pollutes the first request's output with TurboQuant + MTP.)"""
+    model = QWEN3_NEXT12_DENSE_MTP
+    vocab = model.config["vocab_size"]
+    six = tuple(_prompt(80 + i, 180 + 70 * i, vocab, period=(5 + i if i % 2 else None)) for i in range(6))
+    workloads = (Workload("arrivals6", six, max_tokens=96, arrivals=(0, 0, 8, 11, 19, 30)),)
+    base: dict[str, Any] = {"kv_cache_dtype": f"turboquant_{preset}", "max_num_batched_tokens": 64}
+    spec = ngram(3) if method == "ngram" else mtp(3)
+    plain = {**base, "async_scheduling": False}
+    return Scenario(
+        name=f"i-hybrid-tq-{preset}-{method}3-arrivals",
+        title=f"Qwen3-Next hybrid, TurboQuant {preset}, {method} k=3, FULL_AND_PIECEWISE, 6 requests arriving "
+              "at engine steps 0, 0, 8, 11, 19, 30, vs a plain decode forced along the same tokens",
+        test=_engine(model, workloads, speculative_config=spec, **base),
+        reference=replace(_engine(model, workloads, **plain), force=True),
+        calibration=_engine(model, workloads, **{**plain, "max_num_batched_tokens": 1024}),
+        unpatched="0.33.0: FULL graphs over the host-driven verify loop (0001's bug) on every verify step",
+        fixed_by=("0001", "0003"),
+        oracle="forced",
+    )
+
+
 def _default_memory(k: int | None, graphs: str) -> Scenario:
     """KV cache capacity at vLLM's default memory settings (gpu_memory_utilization, max_num_seqs,
     max_num_batched_tokens left unset) on a 28-layer model with 24 TurboQuant layers: the decode
@@ -289,6 +353,9 @@ SCENARIOS: tuple[Scenario, ...] = (
     _combined("4bit_nc", "mtp"),
     _preemption("ngram"),
     _preemption("mtp"),
+    _long_prompts("4bit_nc", 1),
+    _long_prompts("3bit_nc", 3),
+    _arrivals("4bit_nc", "mtp"),
     *(_default_memory(k, graphs) for k in (3, 8) for graphs in ("FULL_AND_PIECEWISE", "PIECEWISE")),
 )
 
@@ -335,6 +402,10 @@ PROBES: tuple[Scenario, ...] = (
     _single_probe("llama-tq", "Llama 6 layers, TurboQuant k8v4", LLAMA6, kv_cache_dtype="turboquant_k8v4"),
     _single_probe("dense-hybrid-tq", "dense Qwen3-Next hybrid, TurboQuant k8v4", QWEN3_NEXT12_DENSE_MTP,
                   kv_cache_dtype="turboquant_k8v4"),
+    # The other preset and K of the long-prompt and arrival scenarios.
+    replace(_long_prompts("4bit_nc", 3), name="x-hybrid-tq-4bit_nc-mtp3-long"),
+    replace(_long_prompts("3bit_nc", 1), name="x-hybrid-tq-3bit_nc-mtp1-long"),
+    replace(_arrivals("k8v4", "ngram"), name="x-hybrid-tq-k8v4-ngram3-arrivals"),
 )
 
 BY_NAME = {s.name: s for s in (*SCENARIOS, *PROBES)}
