@@ -7,8 +7,11 @@ outside [1, number of state-slot columns] (0, a -1 placeholder, a stale count) i
 request's row: the previous row, the block table's other columns, or memory before the tensor.
 
 The indices here are a view of a wider block table, as gdn_attn.py builds them
-(block_table[:n, :num_spec + 1]), and every entry outside the viewed columns names a sentinel slot.
-A bounded kernel must behave as if the count were clamped to the row; the release reads the sentinel.
+(block_table[:n, :num_spec + 1]), and every entry outside the viewed columns names a slot that is no
+request's. An out-of-range count must not make a request read or write any slot outside its own row,
+whatever the fix does with it (clamp it into the row as 0002 does, skip the load as vllm#50021 does,
+mask it): each request's output and own slots must not change when every other slot does, and slots
+outside every row must be left alone. The release reads the foreign slot, so its output follows it.
 """
 
 from __future__ import annotations
@@ -28,21 +31,40 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 H, HV, K, V = 1, 2, 16, 16
 NUM_SPEC = 2  # 3 state-slot columns per request
-SENTINEL = 7
+T = NUM_SPEC + 1
+ROWS = [[1, 2, 3], [4, 5, 6]]  # each request's state slots (its row of the indices)
+FOREIGN = 7  # the slot every other block-table entry names
+NUM_SLOTS = 9  # slots 0 and 8 are named by nothing
+KERNELS = ["fused_recurrent", "fused_sigmoid_gating"]
 
 
-def _case(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    T = NUM_SPEC + 1
-    n = 2
+@pytest.fixture
+def empty_is_nan():
+    """``torch.empty`` (the kernels' ``new_empty`` output) filled with NaN: an output row that a fail-closed
+    kernel leaves unwritten then reads the same in every run instead of whatever memory held."""
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    yield
+    torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+    torch.utils.deterministic.fill_uninitialized_memory = fill
+
+
+def _state(seed: int) -> torch.Tensor:
+    return torch.randn(NUM_SLOTS, HV, V, K, generator=torch.Generator().manual_seed(seed)) * 0.1
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(0)
+    n = len(ROWS)
     cu = torch.tensor([0, T, 2 * T], dtype=torch.int32, device=DEV)
-    bt = torch.full((3, 8), SENTINEL, dtype=torch.int32)
-    bt[1, :T] = torch.tensor([1, 2, 3])
-    bt[2, :T] = torch.tensor([4, 5, 6])
+    bt = torch.full((4, 8), FOREIGN, dtype=torch.int32)
+    for r, slots in enumerate(ROWS):
+        bt[1 + r, :T] = torch.tensor(slots)
     bt = bt.to(DEV)
-    indices = bt[1:, :T]  # (n, T) view, row stride 8, preceded by bt[0] (all SENTINEL)
-    state = torch.randn(9, HV, V, K, generator=g) * 0.1
-    state[SENTINEL] = 50.0
+    indices = bt[1:1 + n, :T]  # (n, T) view, row stride 8, between rows that name only FOREIGN
     tensors = dict(
         q=torch.randn(1, n * T, H, K, generator=g),
         k=torch.randn(1, n * T, H, K, generator=g),
@@ -54,12 +76,13 @@ def _case(seed=0):
         A_log=torch.randn(HV, generator=g),
         dt_bias=torch.randn(HV, generator=g),
     )
-    tensors = {k: v.to(DEV) for k, v in tensors.items()}
-    return cu, indices, state.to(DEV), tensors
+    return cu, indices, {k: v.to(DEV) for k, v in tensors.items()}
 
 
-def _run(tree: Path, kernel: str, num_accepted: list[int]):
-    cu, indices, state, t = _case()
+def _run(tree: Path, kernel: str, num_accepted: list[int], state: torch.Tensor | None = None):
+    """(output, state after) of one spec-decode call; the state is updated in place, as in vLLM."""
+    cu, indices, t = _inputs()
+    state = (_state(1) if state is None else state.clone()).to(DEV)
     acc = torch.tensor(num_accepted, dtype=torch.int32, device=DEV)
     if kernel == "fused_recurrent":
         mod = vllm_tree.load_module(tree, OPS + "fused_recurrent.py")
@@ -76,25 +99,47 @@ def _run(tree: Path, kernel: str, num_accepted: list[int]):
     return o.cpu(), final.cpu()
 
 
-KERNELS = ["fused_recurrent", "fused_sigmoid_gating"]
+def _tokens(o: torch.Tensor, r: int) -> torch.Tensor:
+    return o.narrow(-3, r * T, T)  # o is (..., tokens, HV, V)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("counts", [[0, 2], [2, NUM_SPEC + 3], [-1, 0]])
-def test_out_of_range_count_stays_in_row(v033_tree, kernel, counts):
-    clamped = [min(max(c, 1), NUM_SPEC + 1) for c in counts]
-    o_bad, s_bad = _run(v033_tree, kernel, counts)
-    o_ref, s_ref = _run(v033_tree, kernel, clamped)
-    assert torch.isfinite(o_bad).all()
-    torch.testing.assert_close(o_bad, o_ref, rtol=0, atol=0,
-                               msg=lambda m: f"{kernel}: counts {counts} did not act as {clamped}: {m}")
-    torch.testing.assert_close(s_bad, s_ref, rtol=0, atol=0)
+@pytest.mark.parametrize("counts", [[0, 2], [2, NUM_SPEC + 3], [-1, 0], [9, 2]])
+def test_out_of_range_count_stays_in_row(v033_tree, kernel, counts, empty_is_nan):
+    """[9, 2]: column 8 of row 0 is column 0 of row 1 (another request's slot); the others name FOREIGN."""
+    state = _state(1)
+    o, s = _run(v033_tree, kernel, counts, state)
+    unnamed = sorted(set(range(NUM_SLOTS)) - {i for row in ROWS for i in row})
+    assert torch.equal(s[unnamed], state[unnamed]), f"{kernel}: counts {counts} wrote a slot outside every row"
+    for r, own in enumerate(ROWS):
+        others = sorted(set(range(NUM_SLOTS)) - set(own))
+        changed = state.clone()
+        changed[others] = _state(2)[others]
+        o2, s2 = _run(v033_tree, kernel, counts, changed)
+        torch.testing.assert_close(
+            _tokens(o2, r), _tokens(o, r), rtol=0, atol=0, equal_nan=True,
+            msg=lambda m, r=r: f"{kernel}: counts {counts}: request {r}'s output depends on slots outside its "
+                               f"row {ROWS[r]}: {m}")
+        torch.testing.assert_close(
+            s2[own], s[own], rtol=0, atol=0, equal_nan=True,
+            msg=lambda m, r=r: f"{kernel}: counts {counts}: request {r}'s slots depend on slots outside its "
+                               f"row: {m}")
+
+
+VALID = [[1, 3], [2, 1], [3, 2]]  # every column of each row
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_valid_counts_unchanged(v033_tree, v033_pristine_tree, kernel):
-    for counts in ([1, 3], [2, 1], [3, 2]):
+    """In-range counts give the release's result, bit for bit (a bound that moved an in-range column would
+    change it: every column holds a different state, checked here on the release)."""
+    results = {}
+    for counts in VALID:
         o, s = _run(v033_tree, kernel, counts)
         o0, s0 = _run(v033_pristine_tree, kernel, counts)
-        torch.testing.assert_close(o, o0, rtol=0, atol=0)
-        torch.testing.assert_close(s, s0, rtol=0, atol=0)
+        torch.testing.assert_close(o, o0, rtol=0, atol=0, msg=lambda m, c=counts: f"{kernel}: counts {c}: {m}")
+        torch.testing.assert_close(s, s0, rtol=0, atol=0, msg=lambda m, c=counts: f"{kernel}: counts {c}: {m}")
+        results[tuple(counts)] = o0
+    for r in range(len(ROWS)):  # the count picks the start: each column gives request r another output
+        outs = [_tokens(results[tuple(c)], r) for c in VALID]
+        assert not any(torch.equal(a, b) for i, a in enumerate(outs) for b in outs[i + 1:])
