@@ -1,27 +1,39 @@
-"""The 0.33.0 line's (the current line's) machine-checkable drop conditions can judge: on 0.33.0 they say the
-fix is still needed, on a tree that has it (the patched one) they say it is obsolete."""
+"""The current line's drop conditions judge behaviour: every patch carries ``Obsolete-If: test`` checks, and run
+the way ``outlook`` and ``rebase`` run them (pytest on an unpatched base named by $VLLM_PATCH_BASE_UNDER_TEST)
+they call no part of any patch obsolete on 0.33.0 and every patch wholly obsolete on a tree that has the line's
+fixes. (How each reads on trees written the way the open upstream PRs fix the same bugs:
+test_upstream_outlook.py.)"""
 
 from __future__ import annotations
 
-from pathlib import Path
+import pytest
 
-from vllm_patch.lifecycle.obsolete import Judge, conditions
+from vllm_patch.lifecycle.obsolete import Judge, conditions, project_test_runner
+from vllm_trees import PROJECT
 
 
-def _reader(root: Path):
+def _reader(root):
     return lambda paths: {p: (root / p).read_bytes() if (root / p).is_file() else None for p in paths}
 
 
-def test_gdn_index_bound_is_obsolete_only_where_the_bound_is(v033_series, v033_pristine_tree, v033_tree):
-    patch = next(p for p in v033_series.patches if "accepted-token-index" in p.name)
-    assert len(conditions(patch)) == 2
-    assert Judge(_reader(v033_pristine_tree)).obsolete(patch) is None
-    assert Judge(_reader(v033_tree)).obsolete(patch)
+@pytest.fixture(scope="module")
+def judges(v033_pristine_tree, v033_tree):
+    return {name: Judge(_reader(tree), project_test_runner(PROJECT, lambda t=tree: t))
+            for name, tree in (("release", v033_pristine_tree), ("line", v033_tree))}
 
 
-def test_tq_multi_query_route_is_obsolete_only_where_verify_is_spec_as_decode(v033_series, v033_pristine_tree,
-                                                                              v033_tree):
-    patch = next(p for p in v033_series.patches if "multi-query-verify" in p.name)
-    assert len(conditions(patch)) == 2
-    assert Judge(_reader(v033_pristine_tree)).obsolete(patch) is None
-    assert Judge(_reader(v033_tree)).obsolete(patch)
+def test_every_patch_judges_by_behaviour(v033_series):
+    for patch in v033_series.patches:
+        conds = conditions(patch)
+        assert conds and all(c.op == "test" for c in conds), f"{patch.name}: {[c.source for c in conds]}"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("index", range(4))
+def test_still_needed_on_the_release_and_obsolete_where_the_fix_is(v033_series, judges, index):
+    patch = v033_series.patches[index]
+    on_release = judges["release"].judge(patch)
+    assert on_release is None, f"{patch.name} on 0.33.0: {on_release.describe()}"
+    on_line = judges["line"].judge(patch)
+    assert on_line is not None and on_line.whole, \
+        f"{patch.name} with the line: {on_line.describe() if on_line else 'no part holds'}"
