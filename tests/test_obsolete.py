@@ -4,6 +4,7 @@ run is an error, never a verdict (tool/vllm_patch/lifecycle/obsolete.py)."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import venv
 from pathlib import Path
@@ -170,3 +171,31 @@ def test_a_test_check_is_given_the_base_under_test(tmp_path):
     (root / "tests" / "test_env.py").write_text(
         f"import os\n\ndef test_base():\n    assert os.environ['VLLM_PATCH_BASE_UNDER_TEST'] == {str(base)!r}\n")
     assert judge_of(root, base).obsolete(load_series(root).patches[0])
+
+
+def test_many_checks_run_in_one_pytest_run_with_a_verdict_each(tmp_path, monkeypatch):
+    root = series_with(tmp_path, 'test "tests/test_p.py::test_ok"')
+    (root / "tests" / "test_q.py").write_text(
+        "import pytest\n\n\n@pytest.mark.parametrize('x', [1, 2])\ndef test_some(x):\n    assert x == 1\n\n\n"
+        "@pytest.mark.parametrize('x', [1, 2])\ndef test_all(x):\n    assert x\n")
+    runs = []
+    real = subprocess.run
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: runs.append(a) or real(*a, **k))
+    nodes = ["tests/test_p.py::test_ok", "tests/test_p.py::test_bad", "tests/test_q.py::test_some",
+             "tests/test_q.py::test_all"]
+    got = project_test_runner(root, lambda: tmp_path).many(nodes)
+    assert len(runs) == 1
+    assert {n: ok for n, (ok, _) in got.items()} == dict(zip(nodes, [True, False, False, True], strict=True))
+    assert "2 tests, 1 failure" in got["tests/test_q.py::test_some"][1]
+
+
+def test_judge_prepares_every_patchs_checks_in_one_run(tmp_path, monkeypatch):
+    root = series_with(tmp_path, '[a] test "tests/test_p.py::test_ok"')
+    patch = patch_with('[a] test "tests/test_p.py::test_ok"', '[b] test "tests/test_p.py::test_bad"')
+    runs = []
+    real = subprocess.run
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: runs.append(a) or real(*a, **k))
+    judge = judge_of(root, tmp_path)
+    judge.prepare([patch])
+    found = judge.judge(patch)
+    assert len(runs) == 1 and (found.held, found.pending) == (("a",), ("b",))

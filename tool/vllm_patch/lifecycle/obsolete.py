@@ -184,6 +184,18 @@ class Judge:
         ok = cond.text in text if cond.op == "contains" else re.search(cond.text, text, re.M) is not None
         return ok, f"{cond.path} {cond.op} {cond.text!r}" if ok else f"{cond.path} lacks it"
 
+    def prepare(self, patches: list[Patch]) -> None:
+        """Run the test checks of every patch at once, where the runner can (one pytest run a base)."""
+        many = getattr(self.run_test, "many", None)
+        nodes = list(dict.fromkeys(c.text for p in patches for c in conditions(p)
+                                   if c.op == "test" and c.text not in self._tests))
+        if many is None or len(nodes) < 2:
+            return
+        try:
+            self._tests.update(many(nodes))
+        except CheckNotRun:
+            pass  # one by one, as judged: the error then names the check that cannot run
+
     def _holds(self, patch: Patch, cond: Condition) -> bool:
         try:
             return self.holds(cond)[0]
@@ -208,37 +220,67 @@ class Judge:
         return found.reason if found is not None and found.whole else None
 
 
-def project_test_runner(project: Path, tree: Callable[[], Path]) -> TestRunner:
-    """Runs one of the project's tests with pytest on the unpatched tree `tree()` (made on first use).
-    Only a file of the project's ``tests/`` runs; one that cannot run raises CheckNotRun."""
-    def run(node: str) -> tuple[bool, str]:
-        test_file(project, node, f"invalid test {node!r}")
-        root = tree()
+class ProjectTests:
+    """Runs the project's tests with pytest on an unpatched tree (`tree()`, made on first use): one node
+    (a callable TestRunner), or many nodes in one pytest run (`many`), since every run pays for the
+    interpreter, torch and the tree's imports again. Only files of the project's ``tests/`` run; a run
+    that cannot give a verdict raises CheckNotRun."""
+
+    def __init__(self, project: Path, tree: Callable[[], Path]) -> None:
+        self.project = project
+        self.tree = tree
+
+    def __call__(self, node: str) -> tuple[bool, str]:
+        return self.many([node])[node]
+
+    def many(self, nodes: list[str]) -> dict[str, tuple[bool, str]]:
+        for node in nodes:
+            test_file(self.project, node, f"invalid test {node!r}")
+        root = self.tree()
+        what = nodes[0] if len(nodes) == 1 else f"{nodes[0]} (+{len(nodes) - 1})"
         with tempfile.TemporaryDirectory(prefix="vllm-patch-obsolete-") as tmp:
             report = Path(tmp) / "junit.xml"
             env = {**os.environ, BASE_ENV: str(root), "VLLM_PATCH_PRISTINE_TREE": str(root),
                    "VLLM_PATCH_PATCHED_TREE": str(root)}
             try:
                 done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                       f"--junitxml={report}", node], cwd=project, env=env, capture_output=True,
-                                      text=True, errors="replace", timeout=TEST_TIMEOUT)
+                                       f"--junitxml={report}", *nodes], cwd=self.project, env=env,
+                                      capture_output=True, text=True, errors="replace", timeout=TEST_TIMEOUT)
             except OSError as exc:
-                raise CheckNotRun(f"test {node} cannot run: {exc.strerror or exc}") from None
+                raise CheckNotRun(f"test {what} cannot run: {exc.strerror or exc}") from None
             except subprocess.TimeoutExpired:
-                raise CheckNotRun(f"test {node} cannot run: it took more than {TEST_TIMEOUT} s") from None
-            _ran(node, done)
+                raise CheckNotRun(f"test {what} cannot run: it took more than {TEST_TIMEOUT} s") from None
+            _ran(what, done)
             try:
-                suite = ET.parse(report).getroot()
+                cases = list(ET.parse(report).getroot().iter("testcase"))
             except (OSError, ET.ParseError) as exc:
-                raise CheckNotRun(f"test {node} cannot run: pytest left no report ({exc})") from None
-        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
-        counts = {k: int(suite.get(k, "0")) for k in ("tests", "failures", "errors", "skipped")} if suite is not None \
-            else {"tests": 0}
-        if not counts.get("tests", 0):
-            raise CheckNotRun(f"test {node} cannot run: pytest collected no test")
-        ok = not any(counts.get(k, 0) for k in ("failures", "errors", "skipped"))
-        return ok, f"test {node}: " + ", ".join(f"{v} {k}" for k, v in counts.items())
-    return run
+                raise CheckNotRun(f"test {what} cannot run: pytest left no report ({exc})") from None
+        return {node: _verdict(node, [c for c in cases if _case_of(node, c)]) for node in nodes}
+
+
+def _case_of(node: str, case: ET.Element) -> bool:
+    """Whether a junit testcase is one of node's (``file.py::test`` or ``file.py::Class::test``, every
+    parametrization of it; a node naming a file alone takes all the file's cases)."""
+    file, *rest = node.split("::")
+    module = file.removesuffix(".py").replace("/", ".")
+    if not rest:
+        return case.get("classname", "") == module or case.get("classname", "").startswith(module + ".")
+    classname = ".".join([module, *rest[:-1]])
+    name = case.get("name", "")
+    return case.get("classname") == classname and (name == rest[-1] or name.startswith(rest[-1] + "["))
+
+
+def _verdict(node: str, cases: list[ET.Element]) -> tuple[bool, str]:
+    if not cases:
+        raise CheckNotRun(f"test {node} cannot run: pytest collected no test")
+    counts = {k: sum(1 for c in cases if c.find(k) is not None) for k in ("failure", "error", "skipped")}
+    ok = not any(counts.values())
+    return ok, f"test {node}: {len(cases)} tests, " + ", ".join(f"{v} {k}" for k, v in counts.items())
+
+
+def project_test_runner(project: Path, tree: Callable[[], Path]) -> ProjectTests:
+    """The project's tests on the unpatched tree `tree()` (see ProjectTests)."""
+    return ProjectTests(project, tree)
 
 
 def _ran(node: str, done: subprocess.CompletedProcess) -> None:

@@ -197,6 +197,7 @@ def carry(series: Series, old_base: Contents, stages: list[Contents], new_base: 
     stacked: dict[str, Cell] = {}
     alone: dict[str, Cell] = {}
     now = dict(new_base)
+    judge.prepare(list(series.patches))
     for i, patch in enumerate(series.patches):
         found = judge.judge(patch)
         if found is not None and found.whole:

@@ -425,6 +425,7 @@ class Rebaser:
                               "run 'vllm-patch check' first")
         moves = Moves.from_dict(state.moves)
         judge = self._obsolete(state)
+        judge.prepare(patches[state.next_index:])
         writer = PatchWriter(self.cache, state.writer_parent)
         outcomes = [_outcome(o) for o in state.outcomes]
         texts = dict(state.texts)
