@@ -7,15 +7,19 @@ The tree under test is ``v033_tree`` (see conftest.py); on the tree without patc
    ``(blocks, Hk, block_size, slot)``, handed over as ``kv_cache.transpose(1, 2)`` as
    ``TurboQuantAttentionImpl.forward`` does, so the kernel reads it through its strides. Checked against a
    float64 reference over K/V dequantized from the same bytes (``references.tq_verify_ref``: query ``i`` of a
-   request of ``L`` tokens sees ``L-K1+1+i`` of them) and against the release's own decode kernel run on
-   ``B*K1`` rows with those lengths. Rows that see nothing (requests shorter than K1, padding requests with
-   seq_len 0) are written as zeros.
+   request of ``L`` tokens sees ``L-K1+1+i`` of them) and, at head dim 128, against the release's own decode
+   kernel run on ``B*K1`` rows with those lengths. Every preset 0.33 defines (FP8, 4-bit and both 3-bit MSE
+   keys), head dims 64, 128 and 256, G = 6 at 256 (Qwen3.6-27B) and more rows per KV head than one M tile
+   holds. Rows that see nothing (requests shorter than K1, padding requests with seq_len 0) are written as
+   zeros.
 2. ``forward`` of the real backend file with the real kernel: a padded uniform verify batch goes through the
-   kernel, straight into the layer output.
+   kernel, straight into the layer output, from the device lengths alone (host-side bounds set wrong).
 3. The builder: uniform verify (and plain decode) batches are decodes with ``decode_query_len`` set and go to
    the kernel; the rest of a batch and non-uniform batches take the per-request loop; the workspace is
    reserved for ``max_num_seqs * max_decode_query_len`` rows before any capture; FULL graphs with spec decode
-   (UNIFORM_BATCH) for TurboQuant again, not for UltraQuant, which keeps patch 0001's eager verify.
+   (UNIFORM_BATCH) for TurboQuant again, where (and only where) the builder sends verify batches to the
+   kernel; not for UltraQuant, which keeps patch 0001's eager verify. (test_tq_verify_route.py judges the
+   same route by behaviour alone, against any tree.)
 """
 
 from __future__ import annotations
@@ -46,8 +50,8 @@ pytestmark = pytest.mark.filterwarnings(
     "ignore:invalid value encountered:RuntimeWarning", "ignore:divide by zero encountered:RuntimeWarning")
 
 
-def _query(rows: int, heads: int, seed: int) -> torch.Tensor:
-    return torch.randn(rows, heads, D, generator=torch.Generator().manual_seed(seed)).half().to(DEVICE)
+def _query(rows: int, heads: int, seed: int, d: int = D) -> torch.Tensor:
+    return torch.randn(rows, heads, d, generator=torch.Generator().manual_seed(seed)).half().to(DEVICE)
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +129,30 @@ def test_kernel_on_v033_layout_matches_reference_and_release_decode(mq_ops, deco
     _check(out, want, tq_verify_rows(lens, k1)[0], routed, lse, want_lse)
 
 
+# (preset, head dim, KV heads, G, K1, KV splits): 0.33's two 3-bit presets (3-bit MSE keys with 4-bit and
+# with 3-bit values), head dims 256 and 64, G = 6 at 256 with 24 query / 4 KV heads (Qwen3.6-27B, MTP K = 3),
+# and more query rows per KV head than one BLOCK_M holds: 36 rows in tiles of 32 at 256, 72 in tiles of 64 at 64.
+# Splits: the launcher's own choice (one on CPU), or two of 32-token tiles that a request crosses.
+WIDE = [("3bit_nc", 256, 4, 6, 4, None), ("k3v4_nc", 256, 2, 6, 6, 2), ("3bit_nc", 64, 2, 12, 6, None)]
+
+
+@pytest.mark.parametrize(("preset", "d", "hk", "group", "k1", "splits"), WIDE,
+                         ids=[f"{p}-D{d}-Hk{h}-G{g}-K1={k}" for p, d, h, g, k, _ in WIDE])
+def test_kernel_on_v033_layout_3bit_head_dims_and_m_tiles(mq_ops, preset, d, hk, group, k1, splits):
+    bs = 16
+    # Shorter than K1 (its first row sees nothing), and three pages (across both splits where there are two).
+    lens = [k1 - 1, 2 * bs + 5]
+    cache = build_tq_cache(preset, lens, hk, d, bs, DEVICE, seed=d + k1)
+    kv = _v033_cache(cache)
+    assert kv.stride(2) > kv.stride(1), "the kernel must see the head-major storage through strides"
+    _, m_tiles = mq_ops.tq_mq_verify_tiles(k1, group, d)
+    assert m_tiles == (2 if k1 * group > 32 else 1), "the case no longer covers what it is there for"
+    query = _query(len(lens) * k1, hk * group, k1, d)
+    out, lse = _mq(mq_ops, query, cache, kv, k1, num_kv_splits=splits, min_split_len=16)
+    want, want_lse = tq_verify_ref(query, cache.keys, cache.values, lens, k1, 1 / math.sqrt(d))
+    _check(out, want, tq_verify_rows(lens, k1)[0], lse=lse, want_lse=want_lse)
+
+
 def test_kernel_graph_shapes_one_split_and_capture_lengths(mq_ops):
     """The launcher's own split choice (one pass on CPU), capture metadata (seq_lens filled with 1 by
     build_for_cudagraph_capture) and padding requests: rows that see nothing are 0, the rest as the reference."""
@@ -156,30 +184,25 @@ HQ, HK = 4, 2
 
 
 def _config(num_spec: int | None, max_num_seqs: int = 8, splits: int = 4):
-    spec = None if num_spec is None else SimpleNamespace(num_speculative_tokens=num_spec, parallel_drafting=False)
-    return SimpleNamespace(
-        speculative_config=spec, use_v2_model_runner=True,
-        parallel_config=SimpleNamespace(decode_context_parallel_size=1),
-        scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs, enable_chunked_prefill=False,
-                                         max_num_batched_tokens=64),
-        model_config=SimpleNamespace(get_num_attention_heads=lambda _pc: HQ, dtype=torch.float16,
-                                     max_model_len=4096),
-        attention_config=SimpleNamespace(tq_max_kv_splits_for_cuda_graph=splits))
+    return tq_harness.vllm_config(num_spec, HQ, max_num_seqs, splits)
 
 
 def _spec(head_size: int, block_size: int = 4):
     return SimpleNamespace(num_kv_heads=HK, head_size=head_size, block_size=block_size)
 
 
-def _common(tq, q_lens, seq_lens, block_table, device="cpu"):
-    """As the runner builds it: device tensors, and the CPU copies of query_start_loc and upper-bound lengths."""
+def _common(tq, q_lens, seq_lens, block_table, device="cpu", host_seq_lens=None, max_seq_len=None):
+    """As the runner builds it: device tensors, and the CPU copies of query_start_loc and upper-bound lengths
+    (``host_seq_lens`` and ``max_seq_len`` when given, else exact)."""
     qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
     n = int(qsl[-1])
     seq = torch.tensor(seq_lens, dtype=torch.int32)
+    host = seq.clone() if host_seq_lens is None else torch.tensor(host_seq_lens, dtype=torch.int32)
     return tq.CommonAttentionMetadata(
         query_start_loc=qsl.to(device), query_start_loc_cpu=qsl, seq_lens=seq.to(device), num_reqs=len(q_lens),
-        num_actual_tokens=n, max_query_len=max(q_lens), max_seq_len=max(seq_lens), block_table_tensor=block_table,
-        slot_mapping=torch.zeros(n, dtype=torch.int64, device=device), seq_lens_cpu_upper_bound=seq.clone())
+        num_actual_tokens=n, max_query_len=max(q_lens), max_seq_len=max_seq_len or max(seq_lens),
+        block_table_tensor=block_table, slot_mapping=torch.zeros(n, dtype=torch.int64, device=device),
+        seq_lens_cpu_upper_bound=host)
 
 
 @pytest.fixture(scope="module")
@@ -188,22 +211,35 @@ def mods(v033_tree):
 
 
 def test_graph_support_and_reorder_threshold(mods):
-    """TurboQuant with spec decode reports UNIFORM_BATCH again (FULL graphs for K+1 verify batches) and
-    treats verify requests as decodes; UltraQuant keeps patch 0001 (less than UNIFORM_BATCH, threshold 1);
-    head dims the kernel does not take keep 0001 too."""
+    """TurboQuant reports UNIFORM_BATCH (FULL graphs for K+1 verify batches) where, and only where, its builder
+    sends a padded uniform verify batch to the graph-safe kernel: all its requests decodes of
+    ``decode_query_len`` K+1, the reorder threshold K+1. The release reports UNIFORM_BATCH too, but builds that
+    batch as prefills for the host-driven loop (threshold 1), so the level is only asserted together with the
+    route that makes it safe. Head dims the kernel does not take keep patch 0001 (less than UNIFORM_BATCH,
+    threshold 1, the loop for verify batches), and so does UltraQuant."""
     tq, uq, _ = mods
     cg = tq.AttentionCGSupport
     tq_builder = tq.TurboQuantAttentionBackend.get_builder_cls()
     uq_builder = uq.UltraQuantAttentionBackend.get_builder_cls()
-    for num_spec in (None, 1, 3):
+    for num_spec in (3, 1, None):
         cfg = _config(num_spec)
-        assert tq_builder.get_cudagraph_support(cfg, _spec(128)) == cg.UNIFORM_BATCH
-        assert uq_builder.get_cudagraph_support(cfg, _spec(128)).value < cg.UNIFORM_BATCH.value
-        assert uq_builder.get_cudagraph_support(cfg, _spec(128)) != cg.NEVER
-        assert tq_builder.get_cudagraph_support(cfg, _spec(512)).value < cg.UNIFORM_BATCH.value
         k1 = 1 + (num_spec or 0)
-        assert tq_builder(_spec(128), ["l"], cfg, "cpu").reorder_batch_threshold == k1
-        assert uq_builder(_spec(128), ["l"], cfg, "cpu").reorder_batch_threshold == 1
+        q_lens, seq_lens = [k1, k1, k1, 0], [k1 + 5, k1 + 9, k1 + 2, 0]
+        common = _common(tq, q_lens, seq_lens, torch.zeros(4, 4, dtype=torch.int32))
+        for name, builder_cls, head in (("TurboQuant", tq_builder, 128), ("TurboQuant", tq_builder, 512),
+                                        ("UltraQuant", uq_builder, 128)):
+            support = builder_cls.get_cudagraph_support(cfg, _spec(head))
+            builder = builder_cls(_spec(head), ["l"], cfg, "cpu")
+            meta = builder.build(0, common)
+            got = (support, builder.reorder_batch_threshold,
+                   (meta.num_decodes, getattr(meta, "decode_query_len", 0)))
+            where = f"{name}, head dim {head}, K+1={k1}: (graph support, threshold, (decodes, decode_query_len))"
+            if name == "TurboQuant" and head == 128:
+                assert got == (cg.UNIFORM_BATCH, k1, (4, k1)), where
+            else:
+                # The decode kernel takes plain decodes, the per-request loop verify batches.
+                assert cg.NEVER.value < support.value < cg.UNIFORM_BATCH.value, where
+                assert got[1:] == (1, (4 if k1 == 1 else 0, 0)), where
 
 
 def _float_case(q_lens, ctx, block_size=4, d=16, seed=0):
@@ -330,6 +366,15 @@ def test_workspace_reserved_before_capture_for_every_uniform_batch(mods, monkeyp
 # ---------------------------------------------------------------------------
 
 
+def _real_impl(tq, hq: int, d: int, lay):
+    impl = tq_harness.bare_impl(tq.TurboQuantAttentionImpl, hq, HK, d)
+    impl._multi_query = True
+    impl.tq_config = SimpleNamespace(key_mse_bits=lay.mse_bits, key_packed_size=lay.key_packed_size,
+                                     effective_value_quant_bits=lay.value_bits, key_fp8=lay.key_fp8,
+                                     norm_correction=lay.norm_correction)
+    return impl
+
+
 @pytest.mark.parametrize(("preset", "num_spec"), [("4bit_nc", 3), ("k8v4", None)])
 def test_forward_runs_padded_uniform_batch_through_the_kernel(v033_tree, mq_ops, decode_ops, preset, num_spec):
     tq, _, rec = tq_harness.load(v033_tree, mq=mq_ops)
@@ -344,12 +389,7 @@ def test_forward_runs_padded_uniform_batch_through_the_kernel(v033_tree, mq_ops,
     meta = builder.build(0, _common(tq, q_lens, lens, cache.block_table, DEVICE))
     assert (meta.num_decodes, meta.decode_query_len) == (3, k1)
 
-    lay = cache.layout
-    impl = tq_harness.bare_impl(tq.TurboQuantAttentionImpl, hq, HK, D)
-    impl._multi_query = True
-    impl.tq_config = SimpleNamespace(key_mse_bits=lay.mse_bits, key_packed_size=lay.key_packed_size,
-                                     effective_value_quant_bits=lay.value_bits, key_fp8=lay.key_fp8,
-                                     norm_correction=lay.norm_correction)
+    impl = _real_impl(tq, hq, D, cache.layout)
     layer = SimpleNamespace(_tq_cached=True, _tq_Pi=cache.pi, _tq_PiT=cache.pi, _tq_centroids=cache.centroids)
     storage = cache.kv_cache.permute(0, 2, 1, 3).contiguous()  # 0.33's (blocks, Hk, block_size, slot)
     out = torch.full((n, hq * D), float("nan"), dtype=torch.float16, device=DEVICE)
@@ -359,3 +399,31 @@ def test_forward_runs_padded_uniform_batch_through_the_kernel(v033_tree, mq_ops,
     want, _ = tq_verify_ref(query, cache.keys, cache.values, lens[:2], k1, impl.scale)
     routed = _release_decode(decode_ops, query, cache, storage.transpose(1, 2), k1)
     _check(out.view(n, hq, D), want, tq_verify_rows(lens[:2], k1)[0], routed)
+
+
+def test_kernel_route_never_reads_the_host_length_bound(v033_tree, mq_ops):
+    """A padded verify batch whose host-side lengths are wrong both ways (seq_lens_cpu_upper_bound too large on
+    one request, too small on another, non-zero on the padding request; max_seq_len below every real length)
+    gives, through the builder and forward, the causal attention of the device seq_lens: the kernel route
+    reads no host-side length."""
+    tq, _, rec = tq_harness.load(v033_tree, mq=mq_ops)
+    num_spec, group, bs, d = 3, 2, 16, 64
+    k1, hq = 1 + num_spec, HK * group
+    lens = [k1 + 5, 2 * bs + 3, 0]
+    cache = build_tq_cache("k8v4", lens, HK, d, bs, DEVICE, seed=23)
+    n = 2 * k1
+    query = _query(n, hq, 9, d)
+    builder = tq.TurboQuantMetadataBuilder(_spec(d, bs), ["l"], _config(num_spec), DEVICE)
+    common = _common(tq, [k1, k1, 0], lens, cache.block_table, DEVICE,
+                     host_seq_lens=[lens[0] + 3, lens[1] - 20, 7], max_seq_len=2)
+    meta = builder.build(0, common)
+    assert (meta.num_decodes, meta.decode_query_len) == (3, k1)
+    impl = _real_impl(tq, hq, d, cache.layout)
+    layer = SimpleNamespace(_tq_cached=True, _tq_Pi=cache.pi, _tq_PiT=cache.pi, _tq_centroids=cache.centroids)
+    storage = cache.kv_cache.permute(0, 2, 1, 3).contiguous()
+    out = torch.full((n, hq * d), float("nan"), dtype=torch.float16, device=DEVICE)
+    rec.seq_lens.clear()
+    impl.forward(layer, query, query[:, :HK], query[:, :HK], storage, meta, output=out)
+    assert not rec.seq_lens, "the uniform batch must not reach the decode kernel or the loop"
+    want, _ = tq_verify_ref(query, cache.keys, cache.values, lens[:2], k1, impl.scale)
+    _check(out.view(n, hq, d), want, tq_verify_rows(lens[:2], k1)[0])

@@ -11,22 +11,33 @@ The cache in these tests is a plain float tensor ``(num_blocks, block_size, Hk, 
 are the tree's own code, cut out with ``ast``. The multi-query verify kernel (the line's patch 0003) is, by
 default, a stand-in that gives the ``Recorder`` one row per query with its causal length
 ``seq_lens[r] - K1 + 1 + j`` and records the call; ``load(tree, mq=module)`` uses a real module instead.
+
+``load_backend(tree)`` runs the TurboQuant backend file with its real kernels instead, whatever modules the
+tree routes to: every ``vllm/v1/attention/ops`` module it imports is the tree's own file, as are its
+TurboQuantConfig, centroids and ``vllm.envs``; FlyDSL (AMD) reports itself unavailable whatever its names.
+Tests that must hold on newer unpatched trees (``Obsolete-If: test``) use that and vLLM's own
+``CommonAttentionMetadata`` (``cam_class``), never the line's module or function names.
 """
 
 from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
+import dataclasses
 import enum
 import math
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any, ClassVar, Generic, TypeVar
 
+import numpy as np
 import torch
 
+import vllm_tree
 from helpers import VllmLogger
 from references import TQLayout
 
@@ -109,7 +120,8 @@ def _module(name: str, **attrs) -> ModuleType:
 M = TypeVar("M")
 
 
-def make_stubs(tree: Path, rec: Recorder, mq: ModuleType | None = None) -> dict[str, ModuleType]:
+def make_stubs(tree: Path, rec: Recorder, mq: ModuleType | None = None,
+               current_config: Any = None) -> dict[str, ModuleType]:
     AttentionCGSupport = tree_class(tree, BACKEND, "AttentionCGSupport", Enum=enum.Enum)
     max_decode_query_len = tree_class(tree, BACKEND, "max_decode_query_len")
 
@@ -172,7 +184,7 @@ def make_stubs(tree: Path, rec: Recorder, mq: ModuleType | None = None) -> dict[
     class KVCacheLayout(enum.Enum):
         LBNHC = "LBNHC"
 
-    vllm_config = SimpleNamespace(
+    vllm_config = current_config or SimpleNamespace(
         attention_config=SimpleNamespace(tq_max_kv_splits_for_cuda_graph=4),
         model_config=SimpleNamespace(max_model_len=4096),
     )
@@ -218,15 +230,19 @@ def make_stubs(tree: Path, rec: Recorder, mq: ModuleType | None = None) -> dict[
     }
 
 
-def _exec_file(tree: Path, relpath: str, name: str, stubs: dict[str, ModuleType]) -> ModuleType:
+def _exec_file(tree: Path, relpath: str, name: str, stubs: dict[str, ModuleType],
+               real: Any = None) -> ModuleType:
+    """Run a tree file with ``stubs`` for its ``vllm.*`` imports; ``real(name)`` gives the others, if any."""
+
     def _import(mod_name, globals=None, locals=None, fromlist=(), level=0):
         if level == 0 and (mod_name == "vllm" or mod_name.startswith("vllm.")):
-            if mod_name not in stubs:
+            found = stubs.get(mod_name) or (real(mod_name) if real is not None else None)
+            if found is None:
                 raise ImportError(f"no stand-in for {mod_name}")
             if not fromlist and mod_name.count(".") == 1:
                 # ``import vllm.envs as envs`` takes the attribute of the package.
-                return _module("vllm", **{mod_name.split(".")[1]: stubs[mod_name]})
-            return stubs[mod_name]
+                return _module("vllm", **{mod_name.split(".")[1]: found})
+            return found
         return _real_import(mod_name, globals, locals, fromlist, level)
 
     path = tree / relpath
@@ -248,6 +264,98 @@ def load(tree: Path, mq: ModuleType | None = None) -> tuple[ModuleType, ModuleTy
     stubs["vllm.v1.attention.backends.turboquant_attn"] = tq
     uq = _exec_file(tree, UQ, f"_uq_under_test_{key}", stubs)
     return tq, uq, rec
+
+
+# The tree's own files behind the backend's imports in load_backend: kernels (any module of this package),
+# the quantizer's config and centroids, the environment.
+REAL_PACKAGES = ("vllm.v1.attention.ops.", "vllm.model_executor.layers.quantization.turboquant.")
+REAL_MODULES = ("vllm.envs",)
+
+
+class _Unavailable(ModuleType):
+    """A hardware-specific kernel module (FlyDSL, AMD gfx950) that is not there, whatever it names: its
+    ``is_*`` / ``*_available`` / ``*_eligible`` functions say False; anything else must not be called."""
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        if attr.startswith("is_") or attr.endswith(("_available", "_eligible")):
+            return lambda *a, **k: False
+
+        def unused(*a, **k):
+            raise AssertionError(f"{self.__name__}.{attr} called, but the module is unavailable here")
+
+        return unused
+
+
+def cam_class(tree: Path) -> type:
+    """The tree's own ``CommonAttentionMetadata`` dataclass (vllm/v1/attention/backend.py)."""
+    return tree_class(tree, BACKEND, "CommonAttentionMetadata", dataclass=dataclass, replace=dataclasses.replace,
+                      torch=torch, np=np, Any=Any)
+
+
+def load_backend(tree: Path, vllm_config: Any = None) -> ModuleType:
+    """The tree's ``turboquant_attn.py`` with its real kernels (see the module docstring); its
+    ``CommonAttentionMetadata`` is the tree's own; ``get_current_vllm_config()`` returns ``vllm_config``."""
+    tree = Path(tree).resolve()
+    stubs = make_stubs(tree, Recorder(), current_config=vllm_config)
+    for name in list(stubs):
+        if name.startswith(REAL_PACKAGES) or name in REAL_MODULES:
+            del stubs[name]
+    stubs["vllm.v1.attention.backend"].CommonAttentionMetadata = cam_class(tree)
+
+    def real(mod_name: str) -> ModuleType | None:
+        if not (mod_name.startswith(REAL_PACKAGES) or mod_name in REAL_MODULES):
+            return None
+        if "flydsl" in mod_name:
+            return _Unavailable(mod_name)
+        return vllm_tree.load_module(tree, mod_name.replace(".", "/") + ".py")
+
+    key = abs(hash((str(tree), "real", id(vllm_config))))
+    return _exec_file(tree, TQ, f"_tq_real_kernels_{key}", stubs, real)
+
+
+def vllm_config(num_spec: int | None, num_heads: int, max_num_seqs: int = 8, splits: int = 4,
+                max_num_batched_tokens: int = 64) -> SimpleNamespace:
+    """The parts of a VllmConfig the TurboQuant builder and impl read; speculative decoding with ``num_spec``
+    draft tokens (None: none), model runner V2."""
+    spec = None if num_spec is None else SimpleNamespace(num_speculative_tokens=num_spec, parallel_drafting=False)
+    return SimpleNamespace(
+        speculative_config=spec, use_v2_model_runner=True,
+        parallel_config=SimpleNamespace(decode_context_parallel_size=1),
+        scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs, enable_chunked_prefill=False,
+                                         max_num_batched_tokens=max_num_batched_tokens),
+        model_config=SimpleNamespace(get_num_attention_heads=lambda _pc: num_heads, dtype=torch.float16,
+                                     max_model_len=4096),
+        attention_config=SimpleNamespace(tq_max_kv_splits_for_cuda_graph=splits),
+        compilation_config=SimpleNamespace(cudagraph_capture_sizes=[max_num_seqs]))
+
+
+@contextlib.contextmanager
+def interpreted_loads(tensor: torch.Tensor) -> Iterator[list[int]]:
+    """Counts, while the block runs, the bytes Triton's interpreter loads from ``tensor``'s storage
+    (masked-off lanes excluded; an address loaded twice counts twice): yields a one-element list that
+    holds the running total. Wraps ``InterpreterBuilder.create_masked_load``, which every ``tl.load``
+    (block pointers included) goes through, and restores it on exit. Host tensors only: the interpreter
+    copies a GPU tensor to the host first, so none of its loads would fall inside the GPU storage."""
+    from triton.runtime import interpreter
+
+    storage = tensor.untyped_storage()
+    lo, hi = storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+    total = [0]
+    original = interpreter.InterpreterBuilder.create_masked_load
+
+    def counting(self, ptrs, mask, other, *args, **kwargs):
+        addr = ptrs.data
+        inside = (addr >= lo) & (addr < hi) & np.broadcast_to(mask.data, addr.shape)
+        total[0] += int(inside.sum()) * max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
+        return original(self, ptrs, mask, other, *args, **kwargs)
+
+    interpreter.InterpreterBuilder.create_masked_load = counting
+    try:
+        yield total
+    finally:
+        interpreter.InterpreterBuilder.create_masked_load = original
 
 
 def bare_impl(cls, num_heads: int, num_kv_heads: int, head_size: int):
