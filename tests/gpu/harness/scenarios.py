@@ -406,6 +406,11 @@ PROBES: tuple[Scenario, ...] = (
     replace(_long_prompts("4bit_nc", 3), name="x-hybrid-tq-4bit_nc-mtp3-long"),
     replace(_long_prompts("3bit_nc", 1), name="x-hybrid-tq-3bit_nc-mtp1-long"),
     replace(_arrivals("k8v4", "ngram"), name="x-hybrid-tq-k8v4-ngram3-arrivals"),
+    # The engine under test on the shared memory a consumer GPU gives a block (sm_86/89/120: 99 KiB), the limit
+    # the multi-query kernel's tiles are chosen for (VLLM_TURBOQUANT_MQ_MAX_SHARED_MEMORY caps the device's).
+    (lambda s: replace(s, name=f"{s.name}-99KiB", title=f"{s.title}; the engine under test limited to 99 KiB of "
+                       "shared memory a block", test=replace(s.test, env=(
+                           ("VLLM_TURBOQUANT_MQ_MAX_SHARED_MEMORY", "101376"),))))(_long_prompts("3bit_nc", 3)),
 )
 
 BY_NAME = {s.name: s for s in (*SCENARIOS, *PROBES)}

@@ -16,16 +16,14 @@ test`` checks. Outputs are compared with a float64 reference over K/V dequantize
 2. Reads: a verify batch reads each request's cache about once per KV head (the release and 0001 read it once
    per query row and query head: K+1 times G), counted in Triton's interpreter.
 
-``$VLLM_PATCH_V033_TREE`` names the tree, as for the other tests here; an ``Obsolete-If: test`` check hands the
-unpatched newer tree over as both ``$VLLM_PATCH_PRISTINE_TREE`` and ``$VLLM_PATCH_PATCHED_TREE``, which is taken
-when it is at least 0.33 (see ``tree``).
+The tree is ``v033_tree`` (conftest.py): an ``Obsolete-If: test`` check's unpatched newer tree where the tool
+names one in ``$VLLM_PATCH_BASE_UNDER_TEST``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -36,7 +34,6 @@ import tq_harness
 
 import vllm_tree
 from references import TQLayout, build_tq_cache, tq_verify_ref, tq_verify_rows
-from vllm_trees import tree_from_env
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning")
@@ -56,27 +53,9 @@ HOST_EXCESS = [2, 3, 1]
 TOL = dict(atol=3e-3, rtol=1e-2)
 
 
-def _version(tree: Path) -> tuple[int, ...] | None:
-    found = re.search(r"""version\s*=\s*['"](\d+)\.(\d+)""", _read(tree / "vllm" / "_version.py"))
-    return tuple(int(x) for x in found.groups()) if found else None
-
-
-def _read(path: Path) -> str:
-    return path.read_text() if path.is_file() else ""
-
-
 @pytest.fixture(scope="module")
-def tree(request) -> Path:
-    """``v033_tree`` (conftest.py); but an ``Obsolete-If: test`` check's tree (the same tree as
-    $VLLM_PATCH_PRISTINE_TREE and $VLLM_PATCH_PATCHED_TREE, vllm_patch.lifecycle.obsolete) when
-    $VLLM_PATCH_V033_TREE is unset and that tree is vLLM 0.33 or newer."""
-    given = os.environ.get("VLLM_PATCH_PATCHED_TREE")
-    if not os.environ.get("VLLM_PATCH_V033_TREE") and given and given == os.environ.get("VLLM_PATCH_PRISTINE_TREE"):
-        root = tree_from_env("VLLM_PATCH_PATCHED_TREE")
-        version = _version(root)
-        if version is None or version >= (0, 33):
-            return root
-    return request.getfixturevalue("v033_tree")
+def tree(v033_tree) -> Path:
+    return v033_tree
 
 
 @pytest.fixture(scope="module")
