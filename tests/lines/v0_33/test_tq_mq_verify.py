@@ -187,8 +187,10 @@ def _config(num_spec: int | None, max_num_seqs: int = 8, splits: int = 4):
     return tq_harness.vllm_config(num_spec, HQ, max_num_seqs, splits)
 
 
-def _spec(head_size: int, block_size: int = 4):
-    return SimpleNamespace(num_kv_heads=HK, head_size=head_size, block_size=block_size)
+def _spec(head_size: int, block_size: int = 4, preset: str = "k8v4"):
+    """The layer's KV cache spec as the builder reads it (on a GPU its route probes the preset's kernels)."""
+    return SimpleNamespace(num_kv_heads=HK, head_size=head_size, block_size=block_size,
+                           kv_quant_mode=SimpleNamespace(name=f"TURBOQUANT_{preset.upper()}"))
 
 
 def _common(tq, q_lens, seq_lens, block_table, device="cpu", host_seq_lens=None, max_seq_len=None):
@@ -385,7 +387,7 @@ def test_forward_runs_padded_uniform_batch_through_the_kernel(v033_tree, mq_ops,
     q_lens = [k1, k1, 0]
     n = 2 * k1
     query = _query(n, hq, 5)
-    builder = tq.TurboQuantMetadataBuilder(_spec(D, bs), ["l"], _config(num_spec), DEVICE)
+    builder = tq.TurboQuantMetadataBuilder(_spec(D, bs, preset), ["l"], _config(num_spec), DEVICE)
     meta = builder.build(0, _common(tq, q_lens, lens, cache.block_table, DEVICE))
     assert (meta.num_decodes, meta.decode_query_len) == (3, k1)
 

@@ -167,6 +167,34 @@ def test_verify_batches_run_in_full_graphs_from_device_lengths(tq, config, tree,
     assert not problems, f"{preset}: " + "; ".join(problems)
 
 
+@pytest.mark.parametrize("preset", ["turboquant_k8v4", "turboquant_4bit_nc"])
+def test_verify_rows_attend_over_the_device_lengths(tq, config, tree, preset):
+    """Patch 0001's causal lengths, on any route: a verify batch whose host-side lengths are the optimistic
+    bound of async scheduling is attended to over the exact device lengths."""
+    batch = _batch(tree, preset)
+    _, out = _forward(tq, config, preset, batch, HOST_EXCESS)
+    wrong = _mismatch(out, _reference(batch))
+    assert wrong is None, f"{preset}, host-side lengths {HOST_EXCESS} tokens over the device ones: {wrong}"
+
+
+@pytest.mark.parametrize("preset", ["turboquant_k8v4", "turboquant_4bit_nc"])
+def test_full_graphs_only_for_a_route_that_reads_no_host_length(tq, config, tree, preset):
+    """Patch 0001's graph safety, however it is reached: verify batches of K+1 rows stay out of FULL CUDA
+    graphs (the builder reports less than UNIFORM_BATCH), or the route they take gives the device lengths'
+    attention when the host-side lengths are wrong (a replayed graph sees only the device tensors change).
+    q_len = 1 decodes keep FULL graphs either way."""
+    batch = _batch(tree, preset)
+    support, out = _forward(tq, config, preset, batch, HOST_EXCESS)
+    uniform = type(support).UNIFORM_BATCH
+    builder_cls = tq.TurboQuantAttentionBackend.get_builder_cls()
+    plain = builder_cls.get_cudagraph_support(tq_harness.vllm_config(None, HQ, splits=2), _spec(preset))
+    assert plain.value >= type(plain).UNIFORM_SINGLE_TOKEN_DECODE.value, f"{preset}: decodes lose FULL graphs"
+    if support.value >= uniform.value:
+        wrong = _mismatch(out, _reference(batch))
+        assert wrong is None, (f"{preset}: the builder reports {support.name} with K={K} (FULL graphs for verify "
+                               f"batches) but the route reads the host-side lengths: {wrong}")
+
+
 # The bytes a verify batch of K+1 = 4 rows and G = 2 query heads per KV head (4-bit MSE keys and values) loads
 # from the cache, over the bytes of its requests' used blocks (all KV heads; 20160 B here), measured under
 # Triton's interpreter with 0.33.0: the line's multi-query kernel 0.79x (15960 B: each used token's slot exactly
