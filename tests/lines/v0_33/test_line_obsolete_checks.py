@@ -17,9 +17,13 @@ def _reader(root):
 
 
 @pytest.fixture(scope="module")
-def judges(v033_pristine_tree, v033_tree):
-    return {name: Judge(_reader(tree), project_test_runner(PROJECT, lambda t=tree: t))
-            for name, tree in (("release", v033_pristine_tree), ("line", v033_tree))}
+def judges(v033_series, v033_pristine_tree, v033_tree):
+    """One judge a tree, its test checks run as outlook runs them: all at once."""
+    out = {}
+    for name, tree in (("release", v033_pristine_tree), ("line", v033_tree)):
+        out[name] = Judge(_reader(tree), project_test_runner(PROJECT, lambda t=tree: t))
+        out[name].prepare(list(v033_series.patches))
+    return out
 
 
 def test_every_patch_judges_by_behaviour(v033_series):
