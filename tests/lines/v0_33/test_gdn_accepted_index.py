@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from accepted_counts import assert_valid_counts_unchanged
 
 import vllm_tree
 
@@ -131,15 +132,6 @@ VALID = [[1, 3], [2, 1], [3, 2]]  # every column of each row
 
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_valid_counts_unchanged(v033_tree, v033_pristine_tree, kernel):
-    """In-range counts give the release's result, bit for bit (a bound that moved an in-range column would
-    change it: every column holds a different state, checked here on the release)."""
-    results = {}
-    for counts in VALID:
-        o, s = _run(v033_tree, kernel, counts)
-        o0, s0 = _run(v033_pristine_tree, kernel, counts)
-        torch.testing.assert_close(o, o0, rtol=0, atol=0, msg=lambda m, c=counts: f"{kernel}: counts {c}: {m}")
-        torch.testing.assert_close(s, s0, rtol=0, atol=0, msg=lambda m, c=counts: f"{kernel}: counts {c}: {m}")
-        results[tuple(counts)] = o0
-    for r in range(len(ROWS)):  # the count picks the start: each column gives request r another output
-        outs = [_tokens(results[tuple(c)], r) for c in VALID]
-        assert not any(torch.equal(a, b) for i, a in enumerate(outs) for b in outs[i + 1:])
+    """In-range counts give the release's result, bit for bit (every column holds a different state)."""
+    assert_valid_counts_unchanged(lambda c: _run(v033_tree, kernel, c), lambda c: _run(v033_pristine_tree, kernel, c),
+                                  VALID, len(ROWS), _tokens, f"{kernel}: ")

@@ -145,15 +145,7 @@ HQ, HK = 24, 4
 
 
 def _config(num_spec, max_num_seqs=8, max_num_batched_tokens=64):
-    spec = None if num_spec is None else SimpleNamespace(num_speculative_tokens=num_spec, parallel_drafting=False)
-    return SimpleNamespace(
-        speculative_config=spec, use_v2_model_runner=True,
-        parallel_config=SimpleNamespace(decode_context_parallel_size=1),
-        scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs, enable_chunked_prefill=False,
-                                         max_num_batched_tokens=max_num_batched_tokens),
-        model_config=SimpleNamespace(get_num_attention_heads=lambda _pc: HQ, dtype=torch.bfloat16,
-                                     max_model_len=4096),
-        attention_config=SimpleNamespace(tq_max_kv_splits_for_cuda_graph=4))
+    return tq_harness.vllm_config(num_spec, HQ, max_num_seqs, 4, max_num_batched_tokens, dtype=torch.bfloat16)
 
 
 def _spec(preset="4bit_nc", head_size=256):

@@ -316,7 +316,7 @@ def load_backend(tree: Path, vllm_config: Any = None) -> ModuleType:
 
 
 def vllm_config(num_spec: int | None, num_heads: int, max_num_seqs: int = 8, splits: int = 4,
-                max_num_batched_tokens: int = 64) -> SimpleNamespace:
+                max_num_batched_tokens: int = 64, dtype: torch.dtype = torch.float16) -> SimpleNamespace:
     """The parts of a VllmConfig the TurboQuant builder and impl read; speculative decoding with ``num_spec``
     draft tokens (None: none), model runner V2."""
     spec = None if num_spec is None else SimpleNamespace(num_speculative_tokens=num_spec, parallel_drafting=False)
@@ -325,7 +325,7 @@ def vllm_config(num_spec: int | None, num_heads: int, max_num_seqs: int = 8, spl
         parallel_config=SimpleNamespace(decode_context_parallel_size=1),
         scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs, enable_chunked_prefill=False,
                                          max_num_batched_tokens=max_num_batched_tokens),
-        model_config=SimpleNamespace(get_num_attention_heads=lambda _pc: num_heads, dtype=torch.float16,
+        model_config=SimpleNamespace(get_num_attention_heads=lambda _pc: num_heads, dtype=dtype,
                                      max_model_len=4096),
         attention_config=SimpleNamespace(tq_max_kv_splits_for_cuda_graph=splits),
         compilation_config=SimpleNamespace(cudagraph_capture_sizes=[max_num_seqs]))
