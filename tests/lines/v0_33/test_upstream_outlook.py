@@ -1,0 +1,81 @@
+"""The current line's fates where upstream fixes its bugs its own way: ``outlook`` over a repository of 0.33.0
+and one tag per stand-in of an open upstream PR (``upstream/<PR>.diff``, see ``upstream/README.md``), with the
+line's behavioural ``Obsolete-If`` checks run on each tree. A fix written differently from the patch must read
+as obsolete (or partly obsolete, naming the part), not as a conflict, and another fix must not read as ours.
+``python -m pytest tests/lines/v0_33/test_upstream_outlook.py -s`` prints the outlook table."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from helpers import git
+from vllm_patch.lifecycle.outlook import build_outlook, short, to_markdown
+from vllm_patch.lifecycle.upstream_trees import UpstreamCache
+from vllm_trees import PROJECT
+
+UPSTREAM = Path(__file__).parent / "upstream"
+# The stand-ins, tagged 0.33.1 .. 0.33.6 in this order, and the fate of each patch (stacked) there: the port's
+# state, and the parts of it the stand-in makes unnecessary (its Obsolete-If parts that hold; empty: none).
+PRS = ("53406", "43747", "53410", "50021", "48475", "47123")
+UNTOUCHED = ("clean", ())
+EXPECTED: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
+    # Verify batches out of FULL graphs (TurboQuant and UltraQuant share the builder): 0001's graph part is
+    # upstream, its causal lengths are not; 0003 (which brings FULL graphs back) conflicts with the override.
+    "53406": {"0001": ("merged", ("FULL graphs",)), "0002": UNTOUCHED, "0003": ("conflict", ()), "0004": UNTOUCHED},
+    "43747": {"0001": ("conflict", ("FULL graphs",)), "0002": UNTOUCHED, "0003": ("conflict", ()),
+              "0004": UNTOUCHED},
+    # Verify rows expanded into single-token decodes in FULL graphs: 0003's graph safety is upstream, its
+    # speed (the cache once per KV head, not once per query row) is not. 0001 reads as still needed: its
+    # UltraQuant checks read UltraQuant's own per-request loop (still there, though #53410 routes around it).
+    "53410": {"0001": ("merged", ()), "0002": UNTOUCHED, "0003": ("conflict", ("graph safety",)),
+              "0004": UNTOUCHED},
+    # Bounds by the row stride (a stale count beyond the row's width still reads another column) and a clamp
+    # below alone: neither keeps every count in the row, so no part of 0002 is upstream.
+    "50021": {"0001": UNTOUCHED, "0002": ("clean", ()), "0003": UNTOUCHED, "0004": UNTOUCHED},
+    "48475": {"0001": UNTOUCHED, "0002": ("conflict", ()), "0003": UNTOUCHED, "0004": UNTOUCHED},
+    # V1's dispatch fixed in _is_uniform_decode: 0004's check reads the dispatch through 0004's own
+    # force_uniform_decode, so this fix reads as still needed (a conflict), never as 0004's.
+    "47123": {"0001": UNTOUCHED, "0002": UNTOUCHED, "0003": UNTOUCHED, "0004": ("conflict", ())},
+}
+
+
+@pytest.fixture(scope="module")
+def outlook(v033_pristine_tree, v033_series, tmp_path_factory):
+    """The outlook over 0.33.0 and one tag 0.33.N a stand-in."""
+    repo = tmp_path_factory.mktemp("upstream") / "vllm"
+    shutil.copytree(v033_pristine_tree, repo, ignore=shutil.ignore_patterns("__pycache__"))
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "vLLM 0.33.0")
+    git(repo, "tag", "v0.33.0")
+    versions = []
+    for n, pr in enumerate(PRS, start=1):
+        git(repo, "checkout", "-q", "--detach", "v0.33.0")
+        git(repo, "apply", str(UPSTREAM / f"{pr}.diff"))
+        git(repo, "commit", "-q", "-am", f"stand-in for vllm#{pr}")
+        git(repo, "tag", f"v0.33.{n}")
+        versions.append(f"0.33.{n}")
+    cache = UpstreamCache(tmp_path_factory.mktemp("cache") / "cache.git")
+    return build_outlook(v033_series, cache, versions, repo=str(repo), quiet=True, root=PROJECT)
+
+
+def fates(result) -> dict[str, dict[str, tuple[str, tuple[str, ...]]]]:
+    out = {}
+    for pr, row in zip(PRS, result.rows, strict=True):
+        cells = {}
+        for name in result.names:
+            cell = row.stacked[name]
+            parts = ()
+            if cell.partly:
+                parts = tuple(cell.partly.removeprefix("partly obsolete: ").split(" (", 1)[0].split(", "))
+            cells[short(name)] = (cell.state, parts)
+        out[pr] = cells
+    return out
+
+
+def test_each_patch_reads_as_the_fate_upstream_gives_it(outlook):
+    print("\n" + to_markdown(outlook))
+    assert fates(outlook) == EXPECTED
