@@ -36,9 +36,8 @@ EXPECTED: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
     # below alone: neither keeps every count in the row, so no part of 0002 is upstream.
     "50021": {"0001": UNTOUCHED, "0002": ("clean", ()), "0003": UNTOUCHED, "0004": UNTOUCHED},
     "48475": {"0001": UNTOUCHED, "0002": ("conflict", ()), "0003": UNTOUCHED, "0004": UNTOUCHED},
-    # V1's dispatch fixed in _is_uniform_decode: 0004's check reads the dispatch through 0004's own
-    # force_uniform_decode, so this fix reads as still needed (a conflict), never as 0004's.
-    "47123": {"0001": UNTOUCHED, "0002": UNTOUCHED, "0003": UNTOUCHED, "0004": ("conflict", ())},
+    # V1's dispatch fixed in _is_uniform_decode, not where 0004 fixes it: the same decision, so 0004 is obsolete.
+    "47123": {"0001": UNTOUCHED, "0002": UNTOUCHED, "0003": UNTOUCHED, "0004": ("obsolete", ())},
 }
 
 
