@@ -102,13 +102,20 @@ def mq_stand_in(rec: Recorder) -> ModuleType:
         return output
 
     def unused(*a, **k):
-        raise AssertionError("the route is decided on a GPU only")
+        raise AssertionError("the stand-in kernel needs no probe")
 
     def supports(head_dim: int) -> bool:
         return 16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0
 
+    # On a GPU the backend's route asks the module for tiles that fit: the stand-in fits any device.
+    def limits(device) -> SimpleNamespace:
+        return SimpleNamespace(max_shared=1 << 20)
+
+    def select(*a, **k) -> tuple[SimpleNamespace, list[str]]:
+        return SimpleNamespace(describe=lambda: "the stand-in"), []
+
     return _module("mq", triton_turboquant_mq_verify_attention=attention, tq_mq_verify_supports=supports,
-                   tq_mq_device_limits=unused, tq_mq_verify_probe=unused, tq_mq_verify_select=unused)
+                   tq_mq_device_limits=limits, tq_mq_verify_probe=unused, tq_mq_verify_select=select)
 
 
 def _module(name: str, **attrs) -> ModuleType:
