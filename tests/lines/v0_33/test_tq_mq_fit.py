@@ -14,7 +14,8 @@
    one, FULL graphs (UNIFORM_BATCH) and the accepted tiles. The device is stood in for by the probe only: what
    a real launch decides is shown on the GPU (tests/gpu) and by the compile matrix (tests/gpu_fit).
 5. The workspace is reserved for the most query heads of any TurboQuant layer (a drafter's may exceed the
-   target's) and for at most max_num_batched_tokens rows.
+   target's), for at most max_num_batched_tokens rows, and for the KV splits launches actually take; each layer
+   reserves its share when it is built, inside vLLM's memory profile.
 """
 
 from __future__ import annotations
@@ -210,27 +211,123 @@ def test_environment_switch_keeps_the_release_route(mq, on_a_gpu, monkeypatch):
     assert builder.get_cudagraph_support(_config(3), _spec()) == tq.AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
 
 
-def test_workspace_covers_the_widest_layer_and_at_most_the_token_budget(mq, v033_tree, monkeypatch):
-    """A drafter layer with 32 query heads beside the target's 24: the reservation takes 32; rows are
-    min(max_num_seqs * (1 + K), max_num_batched_tokens)."""
+H100_SMS = 132
+
+
+def _split_rows_needed(mq, k1s, max_reqs, max_rows, num_kv_heads, max_splits, num_sms=H100_SMS):
+    """The most (row, split) pairs any launch of the route writes: the launcher's own split count at one M
+    tile (the most splits any tiling takes), for every batch of up to max_reqs requests within max_rows."""
+    most = 0
+    for k1 in k1s:
+        for num_reqs in range(1, min(max_reqs, max_rows // k1) + 1):
+            splits = mq.tq_mq_verify_num_splits(num_reqs * num_kv_heads, num_sms, max_splits)
+            most = max(most, num_reqs * k1 * splits if splits > 1 else 0)
+    return most
+
+
+def _scratch_calls(reserved, num_heads, head_size):
+    """The multi-query kernel's reservations among the workspace calls: a flat float32 buffer of split
+    partials and the rotated queries (rows, heads, D)."""
+    return [shapes for shapes in reserved if len(shapes) == 2 and len(shapes[0][0]) == 1
+            and shapes[1][0][1:] == (num_heads, head_size)]
+
+
+@pytest.fixture
+def workspace(monkeypatch):
+    """A workspace manager that records what is reserved from it."""
     reserved = []
 
     class Workspace:
         def get_simultaneous(self, *shapes):
             reserved.append(shapes)
 
-    tq, _, _ = tq_harness.load(v033_tree, mq=mq)
+    def install(tq):
+        monkeypatch.setattr(tq, "is_workspace_manager_initialized", lambda: True)
+        monkeypatch.setattr(tq, "current_workspace_manager", Workspace)
+        monkeypatch.setitem(tq.tq_mq_verify_split_rows.__globals__["_SM_COUNT"], 0, H100_SMS)
+        return reserved
+
+    return install
+
+
+def test_workspace_covers_the_widest_layer_and_at_most_the_token_budget(mq, on_a_gpu, workspace, monkeypatch):
+    """A drafter layer with 32 query heads beside the target's 24: the reservation takes 32; rows are
+    min(max_num_seqs * (1 + K), max_num_batched_tokens); the split partials cover every launch the route can
+    make and no more (small batches split, large ones do not), far below rows x the split limit."""
+    tq = on_a_gpu
+    reserved = workspace(tq)
+    monkeypatch.setattr(tq, "tq_mq_verify_probe", lambda tiles, **kw: None)
     layers = {name: SimpleNamespace(impl=tq_harness.bare_impl(tq.TurboQuantAttentionImpl, hq, HK, 256))
               for name, hq in (("target", HQ), ("drafter", 32))}
     monkeypatch.setattr(tq, "get_layers_from_vllm_config", lambda config, cls, names=None: layers)
-    monkeypatch.setattr(tq, "is_workspace_manager_initialized", lambda: True)
-    monkeypatch.setattr(tq, "current_workspace_manager", Workspace)
     builder = tq.TurboQuantAttentionBackend.get_builder_cls()
-    builder(_spec(), ["target", "drafter"], _config(3, max_num_seqs=32, max_num_batched_tokens=64), "cpu")
-    mid_o = [s for shapes in reserved for s in shapes if len(s[0]) == 4]
-    assert mid_o, reserved
-    assert {shape[1] for shape, _ in mid_o} == {32}
-    assert max(shape[0] for shape, _ in mid_o) == 64  # min(32 * 4, 64) for the kernel's scratch
+    max_reqs, max_tokens, splits = 32, 64, 16
+    rows = 64  # min(32 * 4, 64)
+    config = tq_harness.vllm_config(3, HQ, max_reqs, splits, max_tokens, dtype=torch.bfloat16)
+    builder(_spec(), ["target", "drafter"], config, "cpu")
+    calls = _scratch_calls(reserved, 32, 256)
+    assert len(calls) == 1, reserved
+    (flat, flat_dtype), (rot, rot_dtype) = calls[0]
+    assert rot == (rows, 32, 256) and flat_dtype == rot_dtype == torch.float32
+    need = _split_rows_needed(mq, (1, 4), max_reqs, max_tokens, HK, splits)
+    assert 0 < need < rows * splits
+    assert flat[0] == need * 32 * 257
+    # At vLLM's defaults (256 sequences, 8192 tokens, 32 splits) a sixteenth of rows x the split limit.
+    assert _split_rows_needed(mq, (1, 4), 256, 8192, HK, 32) * 16 < 1024 * 32
+
+
+def test_layers_reserve_their_scratch_when_built(mq, v033_tree, workspace, monkeypatch):
+    """Each TurboQuant attention layer reserves its kernel scratch in its constructor, while the model is
+    built and before vLLM's memory profile ends, so the KV cache is sized without those bytes (the builders,
+    which reserve it too, are made after the profile). VLLM_TURBOQUANT_ATTENTION_KERNEL=decode, which turns
+    the kernel off, reserves nothing."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    config = tq_harness.vllm_config(3, HQ, 256, 32, 8192, dtype=torch.bfloat16)
+    tq = tq_harness.load_backend(v033_tree, config)
+    reserved = workspace(tq)
+    tq.TurboQuantAttentionImpl(HQ, 256, 1 / 16, num_kv_heads=HK, kv_cache_dtype="turboquant_4bit_nc")
+    calls = _scratch_calls(reserved, HQ, 256)
+    assert len(calls) == 1, reserved
+    (flat, _), (rot, _) = calls[0]
+    assert rot == (256 * 4, HQ, 256)
+    assert flat[0] == _split_rows_needed(mq, (1, 4), 256, 8192, HK, 32) * HQ * 257
+    monkeypatch.setenv("VLLM_TURBOQUANT_ATTENTION_KERNEL", "decode")
+    reserved.clear()
+    tq.TurboQuantAttentionImpl(HQ, 256, 1 / 16, num_kv_heads=HK, kv_cache_dtype="turboquant_4bit_nc")
+    assert not _scratch_calls(reserved, HQ, 256)
+
+
+def test_a_flat_scratch_gives_the_same_result(mq):
+    """The launch views a flat float32 scratch (what the workspace reserves) as its [rows, heads, splits,
+    D + 1] partials: the same output and LSE as with the shaped buffer, bit for bit, through the reduce step
+    over 3 splits."""
+    k1, group, hk, d, bs = 4, 2, 2, 64, 16
+    lens = [2, 2 * bs + 5, 3 * bs]
+    cache = build_tq_cache("4bit_nc", lens, hk, d, bs, DEVICE, seed=3)
+    kv = cache.kv_cache.permute(0, 2, 1, 3).contiguous().transpose(1, 2)
+    n, hq = len(lens) * k1, hk * group
+    query = torch.randn(n, hq, d, generator=torch.Generator().manual_seed(2)).half().to(DEVICE)
+    lay = cache.layout
+    results = []
+    for mid in (torch.full((n, hq, 3, d + 1), float("nan"), device=DEVICE),
+                torch.full((n * hq * 3 * (d + 1) + 5,), float("nan"), device=DEVICE)):
+        out = torch.full((n, hq, d), float("nan"), dtype=query.dtype, device=DEVICE)
+        lse = torch.full((n, hq), float("nan"), device=DEVICE)
+        mq.triton_turboquant_mq_verify_attention(
+            query, kv, cache.block_table, cache.seq_lens, k1, cache.centroids, 1 / math.sqrt(d), lay.mse_bits,
+            lay.key_packed_size, lay.value_bits, out, mid, torch.empty(n, hq, d, device=DEVICE), PiT=cache.pi,
+            key_fp8=lay.key_fp8, norm_correction=lay.norm_correction, lse=lse, max_num_kv_splits=3,
+            num_kv_splits=3, min_split_len=bs)
+        results.append((out, lse))
+    (out, lse), (flat_out, flat_lse) = results
+    assert not out.isnan().any()
+    assert torch.equal(out, flat_out) and torch.equal(lse, flat_lse)
+    with pytest.raises(ValueError, match="flat mid_o_buf"):
+        mq.triton_turboquant_mq_verify_attention(
+            query, kv, cache.block_table, cache.seq_lens, k1, cache.centroids, 1 / math.sqrt(d), lay.mse_bits,
+            lay.key_packed_size, lay.value_bits, out, torch.empty(n * hq * 3 * (d + 1) - 1, device=DEVICE),
+            torch.empty(n, hq, d, device=DEVICE), PiT=cache.pi, lse=lse, max_num_kv_splits=3, num_kv_splits=3)
 
 
 def test_query_rotation_fits_the_smaller_parts(mq):

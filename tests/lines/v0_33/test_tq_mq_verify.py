@@ -342,10 +342,14 @@ def test_workspace_reserved_before_capture_for_every_uniform_batch(mods, monkeyp
 
     monkeypatch.setattr(tq, "is_workspace_manager_initialized", lambda: True)
     monkeypatch.setattr(tq, "current_workspace_manager", lambda: Workspace())
+    # The reservation is for a GPU's launches (a CPU run is unsplit): a stand-in device 0.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     max_num_seqs, num_spec, splits = 3, 3, 4
     builder = tq.TurboQuantMetadataBuilder(_spec(16), ["l"], _config(num_spec, max_num_seqs, splits), "cpu")
     rows = max_num_seqs * (1 + num_spec)
-    want = (((rows, HQ, splits, 17), torch.float32), ((rows, HQ, 16), torch.float32))
+    split_rows = rows * 2  # the stand-in kernel's two splits a launch (tq_harness.mq_stand_in)
+    want = (((split_rows * HQ * 17,), torch.float32), ((rows, HQ, 16), torch.float32))
     assert want in requests, f"no reservation for {rows} rows of multi-query scratch: {requests}"
     reserved = max(_nbytes(r) for r in requests)
 

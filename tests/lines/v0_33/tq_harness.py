@@ -114,8 +114,13 @@ def mq_stand_in(rec: Recorder) -> ModuleType:
     def select(*a, **k) -> tuple[SimpleNamespace, list[str]]:
         return SimpleNamespace(describe=lambda: "the stand-in"), []
 
+    # The stand-in splits every launch in two: the scratch the backend reserves and hands over is checked.
+    def split_rows(num_reqs: int, k1: int, num_kv_heads: int, device, max_num_kv_splits: int) -> int:
+        return num_reqs * k1 * 2
+
     return _module("mq", triton_turboquant_mq_verify_attention=attention, tq_mq_verify_supports=supports,
-                   tq_mq_device_limits=limits, tq_mq_verify_probe=unused, tq_mq_verify_select=select)
+                   tq_mq_device_limits=limits, tq_mq_verify_probe=unused, tq_mq_verify_select=select,
+                   tq_mq_verify_split_rows=split_rows)
 
 
 def _module(name: str, **attrs) -> ModuleType:
