@@ -113,6 +113,20 @@ def staggered(llm, prompts: list[list[int]], params, arrivals: list[int]) -> lis
     return [done[i] for i in range(len(prompts))]
 
 
+def emulate_budget(kwargs: dict[str, Any], gib: float) -> dict[str, Any]:
+    """A smaller GPU's memory budget on this one: torch's allocations capped at `gib` (an allocation past it
+    fails as on that card) and vLLM's gpu_memory_utilization (default 0.9) taken of `gib`, not of the whole
+    device. Memory outside torch's allocator (the CUDA context, NCCL) is not capped."""
+    import torch
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    fraction = min(1.0, gib * 2**30 / total)
+    torch.cuda.set_per_process_memory_fraction(fraction)
+    utilization = kwargs.get("gpu_memory_utilization", 0.9)
+    kwargs["gpu_memory_utilization"] = round(utilization * fraction, 6)
+    return {"gib": gib, "utilization": utilization, "device_total": total}
+
+
 def run(job: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {"booted": False, "workloads": {}}
     started = time.perf_counter()
@@ -131,6 +145,8 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
             from harness.forcing import ForceTokens
 
             kwargs["logits_processors"] = [ForceTokens]
+        if os.environ.get("VP_EMULATE_GPU_GIB"):
+            result["emulated"] = emulate_budget(kwargs, float(os.environ["VP_EMULATE_GPU_GIB"]))
         llm = LLM(model=job["model_dir"], **kwargs)
     except BaseException as exc:  # noqa: BLE001 - a crash at boot is a result
         result["error"] = where(exc)

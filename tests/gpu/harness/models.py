@@ -107,8 +107,40 @@ QWEN3_NEXT12_G6D256_MTP = ModelSpec(
             "max_position_embeddings": 16384},
     seed=1, std=0.02, mtp_layers=1)
 
+# Llama-3.1-8B's shapes (32 layers, 32/8 heads of 128, 16 GB of bfloat16 weights), for memory figures only.
+LLAMA8B = ModelSpec(
+    name="llama8b-shaped",
+    arch="llama",
+    config=dict(
+        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=32768,
+        rms_norm_eps=1e-5, tie_word_embeddings=False,
+    ),
+    weights=False,
+)
+
+# Qwen3.6-27B's attention and GDN shapes (hidden 5120; 24/4 heads of 256; GDN 16/48 heads of 128; three GDN
+# layers to one attention layer) in 16 layers (13 GB of bfloat16 weights, so it fits a 24 GB card with room for
+# a KV cache), with its MTP layer, for memory figures only. Qwen3-Next wants MoE layers: 4 experts, all
+# active, of a quarter of the dense MLP each.
+QWEN27B_SHAPED_MTP = ModelSpec(
+    name="qwen27b-shaped-16l-mtp",
+    arch="qwen3_next",
+    config=dict(
+        vocab_size=151936, hidden_size=5120, intermediate_size=17408, num_hidden_layers=16,
+        layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 4,
+        num_attention_heads=24, num_key_value_heads=4, head_dim=256, partial_rotary_factor=0.25,
+        linear_num_key_heads=16, linear_num_value_heads=48, linear_key_head_dim=128, linear_value_head_dim=128,
+        linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=4, moe_intermediate_size=4352,
+        shared_expert_intermediate_size=512, decoder_sparse_step=1, mlp_only_layers=[],
+        max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=False,
+    ),
+    mtp_layers=1,
+    weights=False,
+)
+
 MODELS = {m.name: m for m in (LLAMA6, QWEN3_NEXT12, QWEN3_NEXT12_MTP, QWEN3_NEXT12_DENSE_MTP, QWEN3_NEXT12_G6D256_MTP,
-                              LLAMA28)}
+                              LLAMA28, LLAMA8B, QWEN27B_SHAPED_MTP)}
 
 
 def _config(spec: ModelSpec):
@@ -174,6 +206,10 @@ def build(spec: ModelSpec, root: Path) -> Path:
                 _add_mtp(spec, model, tmp)
         else:
             _config(spec).save_pretrained(tmp)
+            if spec.mtp_layers:  # vLLM draws the MTP module's weights too
+                config = json.loads((tmp / "config.json").read_text())
+                config["num_nextn_predict_layers"] = spec.mtp_layers
+                (tmp / "config.json").write_text(json.dumps(config, indent=2))
         try:
             tmp.rename(dest)
         except OSError:

@@ -232,6 +232,13 @@ def judge_memory(scenario: str, tree: str, test: dict[str, Any]) -> Judgement:
     if it was logged before the crash (as when capture fails)."""
     tokens = test.get("kv_cache_tokens")
     size = "no KV cache size logged" if tokens is None else f"GPU KV cache size: {tokens:,} tokens"
+    if test.get("kv_cache_gib") is not None:
+        size += f" ({test['kv_cache_gib']} GiB)"
+    if test.get("workspace_mb") is not None:
+        size += (f"; workspace {test['workspace_mb']:,.1f} MB, {test['workspace_mb_profiled']:,.1f} MB of it "
+                 "before the KV cache was sized")
+        if test.get("workspace_grown_after"):
+            size += " (grown after by " + ", ".join(test["workspace_grown_after"]) + ")"
     if not test.get("booted") or test.get("error"):
         stage = "at boot" if not test.get("booted") else "while generating"
         return Judgement(scenario, tree, "crash", f"{size}; {stage}: {_crash_text(test)}", [], _summary(test), {})
@@ -239,7 +246,8 @@ def judge_memory(scenario: str, tree: str, test: dict[str, Any]) -> Judgement:
 
 
 def _summary(result: dict[str, Any]) -> dict[str, Any]:
-    keys = ("booted", "boot_s", "cudagraph_mode", "error", "failure", "returncode", "kv_cache_tokens")
+    keys = ("booted", "boot_s", "cudagraph_mode", "error", "failure", "returncode", "kv_cache_tokens",
+            "kv_cache_gib", "workspace_mb", "workspace_mb_profiled", "workspace_grown_after", "emulated")
     return {k: result[k] for k in keys if k in result}
 
 

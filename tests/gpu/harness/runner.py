@@ -22,6 +22,30 @@ from .scenarios import Engine, Scenario
 
 HARNESS_ROOT = Path(__file__).resolve().parent.parent
 KV_CACHE_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+KV_MEMORY_LINE = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
+# VLLM_DEBUG_WORKSPACE=1: each growth of the workspace, with the caller that asked for it.
+WORKSPACE_LINE = re.compile(r"Resized workspace from '([^']*)': ([\d.]+) MB -> ([\d.]+) MB")
+
+
+def memory_figures(log: str) -> dict[str, Any]:
+    """What the engine's log says of its memory: the KV cache it sized (tokens, GiB) and the workspace, in
+    MB: its size when the KV cache was sized (so inside the memory profile) and at the end, with the callers
+    that grew it after."""
+    figures: dict[str, Any] = {}
+    sizes = KV_CACHE_LINE.findall(log)
+    if sizes:
+        figures["kv_cache_tokens"] = int(sizes[-1].replace(",", ""))
+    memory = KV_MEMORY_LINE.search(log)
+    if memory:
+        figures["kv_cache_gib"] = float(memory.group(1))
+    sized_at = memory.start() if memory else len(log)
+    grows = [(m.start(), m.group(1), float(m.group(3))) for m in WORKSPACE_LINE.finditer(log)]
+    if grows:
+        before = [mb for at, _, mb in grows if at < sized_at]
+        figures["workspace_mb_profiled"] = max(before, default=0.0)
+        figures["workspace_mb"] = max(mb for _, _, mb in grows)
+        figures["workspace_grown_after"] = sorted({who for at, who, _ in grows if at >= sized_at})
+    return figures
 
 
 def engine_digest(engine: Engine) -> str:
@@ -95,9 +119,7 @@ def run_engine(engine: Engine, tree: Path, model_dir: Path, out: Path, extra_pat
         result = {"booted": False, "failure": f"{why}; last log line: {tail[-1] if tail else ''}"}
     result.update(returncode=code, wall_s=wall)
     # vLLM logs the KV cache it sized once memory profiling is done (also when a later step crashes).
-    sizes = KV_CACHE_LINE.findall(log_file.read_bytes().decode(errors="replace"))
-    if sizes:
-        result["kv_cache_tokens"] = int(sizes[-1].replace(",", ""))
+    result.update(memory_figures(log_file.read_bytes().decode(errors="replace")))
     result_file.write_text(json.dumps(result))
     return result
 

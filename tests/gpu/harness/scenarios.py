@@ -13,11 +13,13 @@ from typing import Any
 
 from .models import (
     LLAMA6,
+    LLAMA8B,
     LLAMA28,
     QWEN3_NEXT12,
     QWEN3_NEXT12_DENSE_MTP,
     QWEN3_NEXT12_G6D256_MTP,
     QWEN3_NEXT12_MTP,
+    QWEN27B_SHAPED_MTP,
     ModelSpec,
 )
 
@@ -335,6 +337,41 @@ def _default_memory(k: int | None, graphs: str) -> Scenario:
     )
 
 
+# The budget of a 24 GB card (RTX 3090/4090, A5000) at the users' gpu_memory_utilization, emulated on a larger
+# GPU by harness.child: torch's allocations are capped at 24 GiB and vLLM's utilization scaled to 0.97 of it.
+CONSUMER_GIB = 24
+
+
+def _memory_at(model: ModelSpec, spec: dict[str, Any], budget: str) -> Scenario:
+    """KV cache capacity and the attention workspace of a users'-shaped model, TurboQuant 4bit_nc and
+    speculation with K=3, FULL_AND_PIECEWISE on both trees: at vLLM's default memory settings, or on a 24 GB
+    card's budget (gpu_memory_utilization 0.97). The workspace resizes are logged (VLLM_DEBUG_WORKSPACE), so
+    the report tells what was reserved before the KV cache was sized (counted by the memory profile) and
+    what after (taken from the headroom). Runs alone on the GPU (harness run --jobs 1)."""
+    one = (Workload("one", (tuple(range(1, 33)) * 2,), max_tokens=16),)
+    kw: dict[str, Any] = {"kv_cache_dtype": "turboquant_4bit_nc", "load_format": "dummy", "seed": 0,
+                          "skip_tokenizer_init": True, "attention_config": {"flash_attn_version": 2},
+                          "speculative_config": spec}
+    env: tuple[tuple[str, str], ...] = (("VLLM_DEBUG_WORKSPACE", "1"),)
+    if budget == "24gib":
+        kw["gpu_memory_utilization"] = 0.97
+        env += (("VP_EMULATE_GPU_GIB", str(CONSUMER_GIB)),)
+    if model.arch == "qwen3_next":
+        kw["additional_config"] = {"gdn_prefill_backend": "triton"}
+    engine = Engine(model=model, kwargs=kw, workloads=one, env=env)
+    where = "vLLM's default memory settings" if budget == "defaults" else \
+        f"a {CONSUMER_GIB} GB card's budget at gpu_memory_utilization 0.97 (emulated)"
+    return Scenario(
+        name=f"m33-{model.name}-tq4-{spec['method']}{spec['num_speculative_tokens']}-{budget}",
+        title=f"{model.name}, TurboQuant 4bit_nc, {spec['method']} k={spec['num_speculative_tokens']}, "
+              f"FULL_AND_PIECEWISE, {where}: GPU KV cache size and attention workspace",
+        test=engine, reference=engine,
+        unpatched="TurboQuant's decode scratch is reserved by the builders, after the KV cache is sized",
+        fixed_by=("0003",),
+        oracle="memory",
+    )
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     _turboquant_llama("k8v4"),
     _turboquant_llama("4bit_nc"),
@@ -370,6 +407,8 @@ SCENARIOS: tuple[Scenario, ...] = (
                            ("VLLM_TURBOQUANT_MQ_MAX_SHARED_MEMORY", "101376"),))))(_long_prompts("3bit_nc", 3)),
     _arrivals("4bit_nc", "mtp"),
     *(_default_memory(k, graphs) for k in (3, 8) for graphs in ("FULL_AND_PIECEWISE", "PIECEWISE")),
+    *(_memory_at(model, spec, budget) for model, spec in ((LLAMA8B, ngram(3)), (QWEN27B_SHAPED_MTP, mtp(3)))
+      for budget in ("defaults", "24gib")),
 )
 
 
