@@ -1,7 +1,10 @@
 """TurboQuant / UltraQuant with speculative decoding (patch 0001), on CPU without importing vLLM.
 
 The tree under test is ``v033_tree`` (see conftest.py). On the pristine 0.33.0 tree both tests fail; on the
-patched tree they pass.
+patched tree they pass. They check 0001's fix where 0001 makes it, in the per-request loop (its stand-in kernels
+record the lengths the loop hands them), so they are not 0001's ``Obsolete-If`` checks: an upstream fix may route
+verify rows around the loop and leave it as it is (the #53410 stand-in, upstream/README.md). Those checks judge the
+route by behaviour instead, for TurboQuant and UltraQuant alike (test_tq_verify_route.py).
 
 1. FULL CUDA graphs: 0.33's resolve_cudagraph_mode_and_sizes (config/compilation.py:1448-1465) keeps
    FULL decode graphs for a uniform decode length K+1 > 1 iff every attention builder reports at least

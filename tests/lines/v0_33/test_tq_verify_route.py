@@ -1,18 +1,24 @@
-"""How a TurboQuant speculative-decoding verify batch is served, judged by behaviour alone (the line's patch 0003).
+"""How a TurboQuant or UltraQuant speculative-decoding verify batch is served, judged by behaviour alone (the
+line's patches 0001 and 0003).
 
-These tests use only what any vLLM's TurboQuant backend offers: ``TurboQuantAttentionBackend``, its builder class
-(``get_builder_cls``: graph support, ``build``) and impl class (``get_impl_cls``: ``__init__``, ``forward``), the
-cache layout ``(blocks, Hk, block_size, slot)`` and vLLM's own ``CommonAttentionMetadata``. The backend file runs
-with the tree's real kernels, whatever modules it imports them from (``tq_harness.load_backend``), so the tests
-judge a newer vLLM that solved the problem its own way as well as this line: they are the patch's ``Obsolete-If:
-test`` checks. Outputs are compared with a float64 reference over K/V dequantized from the cache bytes.
+These tests use only what any vLLM's TurboQuant backend offers: ``TurboQuantAttentionBackend`` (or
+``UltraQuantAttentionBackend``), its builder class (``get_builder_cls``: graph support, ``build``) and impl class
+(``get_impl_cls``: ``__init__``, ``forward``), the cache layout ``(blocks, Hk, block_size, slot)`` and vLLM's own
+``CommonAttentionMetadata``. The backend file runs with the tree's real kernels, whatever modules it imports them
+from (``tq_harness.load_backend``), so the tests judge a newer vLLM that solved the problem its own way as well as
+this line: they are the patches' ``Obsolete-If: test`` checks. Outputs are compared with a float64 reference over
+K/V dequantized from the cache bytes. UltraQuant (``ultraquant_4bit``, ``tq_harness.load_ultraquant_backend``)
+runs its backend file on top of TurboQuant's, its cache packed and read with the tree's own format; its one
+kernel, which Triton's interpreter cannot run, is an exact stand-in of the kernel's contract: whichever rows,
+lengths and block tables the route hands it, it attends over exactly those.
 
 1. FULL CUDA graphs for verify batches (the builder reports UNIFORM_BATCH with K = 3 draft tokens) are only safe
    when a verify batch is attended to from the device lengths: a FULL graph replays one launch sequence with
    new device tensors, and the host-side lengths (0.33's ``seq_lens_cpu_upper_bound``, ``max_seq_len``) are an
    optimistic upper bound under async scheduling. The release reports UNIFORM_BATCH but serves verify rows with
    a host-driven per-request loop whose causal lengths come from the host bound; patch 0001 alone gives the loop
-   device lengths but takes verify batches out of FULL graphs.
+   device lengths but takes verify batches out of FULL graphs. UltraQuant shares TurboQuant's builder and
+   forward and has its own loop: on the line (0003 gives it no multi-query kernel) it keeps 0001's answer.
 2. Reads: a verify batch reads each request's cache about once per KV head (the release and 0001 read it once
    per query row and query head: K+1 times G), counted in Triton's interpreter.
 
@@ -49,8 +55,12 @@ SCALE = 1 / math.sqrt(D)
 LENS = [37, 54, 23]
 # The host bound under async scheduling: every draft of the previous step assumed accepted (at most K more).
 HOST_EXCESS = [2, 3, 1]
-# Float16 outputs (tests/kernels/test_turboquant_mq_verify.py explains the bound).
+# Float16 outputs (tests/kernels/test_turboquant_mq_verify.py explains the bound); UltraQuant's bfloat16 outputs of
+# its exact stand-in kernel round by at most 2^-9 relative.
 TOL = dict(atol=3e-3, rtol=1e-2)
+UQ = "ultraquant_4bit"
+# The presets the route checks of patch 0001 run on: its TurboQuant and UltraQuant halves.
+ROUTE_PRESETS = ["turboquant_k8v4", "turboquant_4bit_nc", UQ]
 
 
 @pytest.fixture(scope="module")
@@ -68,29 +78,50 @@ def tq(tree, config):
     return tq_harness.load_backend(tree, config)
 
 
+@pytest.fixture(scope="module")
+def uq(tree, config, tq):
+    return tq_harness.load_ultraquant_backend(tree, config, tq)
+
+
+def _backend(request, preset: str) -> type:
+    """The attention backend class that serves ``preset`` in the tree."""
+    if preset == UQ:
+        return request.getfixturevalue("uq").UltraQuantAttentionBackend
+    return request.getfixturevalue("tq").TurboQuantAttentionBackend
+
+
+def _dtype(preset: str) -> torch.dtype:
+    return torch.bfloat16 if preset == UQ else torch.float16  # UltraQuant serves bfloat16 models only
+
+
 def _spec(preset: str) -> SimpleNamespace:
     """The layer's KV cache spec as far as the backend reads it."""
-    return SimpleNamespace(num_kv_heads=HK, head_size=D, block_size=BLOCK, dtype=torch.uint8,
-                           kv_quant_mode=SimpleNamespace(name=preset.upper(), is_turboquant=True))
+    mode = SimpleNamespace(name=preset.upper(), is_turboquant=preset.startswith("turboquant_"),
+                           is_ultraquant=preset == UQ)
+    return SimpleNamespace(num_kv_heads=HK, head_size=D, block_size=BLOCK, dtype=torch.uint8, kv_quant_mode=mode)
 
 
 @dataclasses.dataclass
 class VerifyBatch:
-    cache: object  # references.TQCache
+    keys: list[torch.Tensor]  # per request (L, Hk, D), dequantized from the cache bytes
+    values: list[torch.Tensor]
     storage: torch.Tensor  # 0.33's (blocks, Hk, block_size, slot)
     block_table: torch.Tensor  # as wide as the runner's, 0 (the null block) past each request
     query: torch.Tensor  # (B * K1, Hq, D)
 
 
 def _batch(tree: Path, preset: str, seed: int = 0) -> VerifyBatch:
-    bits = TQLayout.from_preset(preset, D).centroid_bits
-    centroids = vllm_tree.load_module(tree, CENTROIDS).get_centroids(D, bits)
-    cache = build_tq_cache(preset, LENS, HK, D, BLOCK, DEVICE, seed=seed, centroids=centroids)
+    if preset == UQ:
+        cache = tq_harness.build_uq_cache(tree, LENS, HK, D, BLOCK, DEVICE, seed=seed)
+    else:
+        bits = TQLayout.from_preset(preset, D).centroid_bits
+        centroids = vllm_tree.load_module(tree, CENTROIDS).get_centroids(D, bits)
+        cache = build_tq_cache(preset, LENS, HK, D, BLOCK, DEVICE, seed=seed, centroids=centroids)
     storage = cache.kv_cache.permute(0, 2, 1, 3).contiguous()
     table = torch.zeros(len(LENS), cache.block_table.shape[1] + 4, dtype=torch.int32, device=DEVICE)
     table[:, : cache.block_table.shape[1]] = cache.block_table
-    query = torch.randn(len(LENS) * K1, HQ, D, generator=torch.Generator().manual_seed(seed + 1)).half()
-    return VerifyBatch(cache, storage, table, query.to(DEVICE))
+    query = torch.randn(len(LENS) * K1, HQ, D, generator=torch.Generator().manual_seed(seed + 1)).to(_dtype(preset))
+    return VerifyBatch(cache.keys, cache.values, storage, table, query.to(DEVICE))
 
 
 def _common(tq, batch: VerifyBatch, host_excess) -> object:
@@ -114,9 +145,11 @@ def _common(tq, batch: VerifyBatch, host_excess) -> object:
     return cam_cls(**kw)
 
 
-def _forward(tq, config, preset: str, batch: VerifyBatch, host_excess) -> tuple[object, torch.Tensor]:
-    """(graph support the builder reports, the impl's output) for the verify batch, built and run as vLLM does."""
-    backend = tq.TurboQuantAttentionBackend
+def _forward(tq, config, preset: str, batch: VerifyBatch, host_excess,
+             backend: type | None = None) -> tuple[object, torch.Tensor]:
+    """(graph support the builder reports, the impl's output) for the verify batch, built and run as vLLM does
+    by ``backend`` (TurboQuant's by default)."""
+    backend = backend or tq.TurboQuantAttentionBackend
     builder_cls = backend.get_builder_cls()
     support = builder_cls.get_cudagraph_support(config, _spec(preset))
     builder = builder_cls(_spec(preset), ["model.layers.0.self_attn.attn"], config, DEVICE)
@@ -124,15 +157,15 @@ def _forward(tq, config, preset: str, batch: VerifyBatch, host_excess) -> tuple[
     impl = backend.get_impl_cls()(num_heads=HQ, head_size=D, scale=SCALE, num_kv_heads=HK, alibi_slopes=None,
                                   sliding_window=None, kv_cache_dtype=preset)
     n = batch.query.shape[0]
-    out = torch.full((n, HQ * D), float("nan"), dtype=torch.float16, device=DEVICE)
-    kv = torch.zeros(n, HK, D, dtype=torch.float16, device=DEVICE)
+    out = torch.full((n, HQ * D), float("nan"), dtype=_dtype(preset), device=DEVICE)
+    kv = torch.zeros(n, HK, D, dtype=_dtype(preset), device=DEVICE)
     layer = SimpleNamespace()  # forward derives the rotation and centroids it keeps on the layer
     got = impl.forward(layer, batch.query, kv, kv, batch.storage, meta, output=out)
     return support, got.view(n, HQ, D)
 
 
 def _reference(batch: VerifyBatch) -> torch.Tensor:
-    want, _ = tq_verify_ref(batch.query, batch.cache.keys, batch.cache.values, LENS, K1, SCALE)
+    want, _ = tq_verify_ref(batch.query, batch.keys, batch.values, LENS, K1, SCALE)
     assert min(tq_verify_rows(LENS, K1)[0]) > 0
     return want
 
@@ -167,26 +200,27 @@ def test_verify_batches_run_in_full_graphs_from_device_lengths(tq, config, tree,
     assert not problems, f"{preset}: " + "; ".join(problems)
 
 
-@pytest.mark.parametrize("preset", ["turboquant_k8v4", "turboquant_4bit_nc"])
-def test_verify_rows_attend_over_the_device_lengths(tq, config, tree, preset):
+@pytest.mark.parametrize("preset", ROUTE_PRESETS)
+def test_verify_rows_attend_over_the_device_lengths(request, tq, config, tree, preset):
     """Patch 0001's causal lengths, on any route: a verify batch whose host-side lengths are the optimistic
     bound of async scheduling is attended to over the exact device lengths."""
     batch = _batch(tree, preset)
-    _, out = _forward(tq, config, preset, batch, HOST_EXCESS)
+    _, out = _forward(tq, config, preset, batch, HOST_EXCESS, _backend(request, preset))
     wrong = _mismatch(out, _reference(batch))
     assert wrong is None, f"{preset}, host-side lengths {HOST_EXCESS} tokens over the device ones: {wrong}"
 
 
-@pytest.mark.parametrize("preset", ["turboquant_k8v4", "turboquant_4bit_nc"])
-def test_full_graphs_only_for_a_route_that_reads_no_host_length(tq, config, tree, preset):
+@pytest.mark.parametrize("preset", ROUTE_PRESETS)
+def test_full_graphs_only_for_a_route_that_reads_no_host_length(request, tq, config, tree, preset):
     """Patch 0001's graph safety, however it is reached: verify batches of K+1 rows stay out of FULL CUDA
     graphs (the builder reports less than UNIFORM_BATCH), or the route they take gives the device lengths'
     attention when the host-side lengths are wrong (a replayed graph sees only the device tensors change).
     q_len = 1 decodes keep FULL graphs either way."""
+    backend = _backend(request, preset)
     batch = _batch(tree, preset)
-    support, out = _forward(tq, config, preset, batch, HOST_EXCESS)
+    support, out = _forward(tq, config, preset, batch, HOST_EXCESS, backend)
     uniform = type(support).UNIFORM_BATCH
-    builder_cls = tq.TurboQuantAttentionBackend.get_builder_cls()
+    builder_cls = backend.get_builder_cls()
     plain = builder_cls.get_cudagraph_support(tq_harness.vllm_config(None, HQ, splits=2), _spec(preset))
     assert plain.value >= type(plain).UNIFORM_SINGLE_TOKEN_DECODE.value, f"{preset}: decodes lose FULL graphs"
     if support.value >= uniform.value:

@@ -28,9 +28,9 @@ EXPECTED: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
     "43747": {"0001": ("conflict", ("FULL graphs",)), "0002": UNTOUCHED, "0003": ("conflict", ()),
               "0004": UNTOUCHED},
     # Verify rows expanded into single-token decodes in FULL graphs: 0003's graph safety is upstream, its
-    # speed (the cache once per KV head, not once per query row) is not. 0001 reads as still needed: its
-    # UltraQuant checks read UltraQuant's own per-request loop (still there, though #53410 routes around it).
-    "53410": {"0001": ("merged", ()), "0002": UNTOUCHED, "0003": ("conflict", ("graph safety",)),
+    # speed (the cache once per KV head, not once per query row) is not. 0001 is obsolete: its route checks see
+    # TurboQuant's and UltraQuant's verify rows attended over the device lengths, around the per-request loop.
+    "53410": {"0001": ("obsolete", ()), "0002": UNTOUCHED, "0003": ("conflict", ("graph safety",)),
               "0004": UNTOUCHED},
     # Bounds by the row stride (a stale count beyond the row's width still reads another column) and a clamp
     # below alone: neither keeps every count in the row, so no part of 0002 is upstream.

@@ -17,6 +17,11 @@ tree routes to: every ``vllm/v1/attention/ops`` module it imports is the tree's 
 TurboQuantConfig, centroids and ``vllm.envs``; FlyDSL (AMD) reports itself unavailable whatever its names.
 Tests that must hold on newer unpatched trees (``Obsolete-If: test``) use that and vLLM's own
 ``CommonAttentionMetadata`` (``cam_class``), never the line's module or function names.
+``load_ultraquant_backend(tree)`` runs ``ultraquant_attn.py`` the same way, on top of that TurboQuant module, with
+one exception: UltraQuant's attention kernel (``ultraquant_unified_attention``) is ``uq_kernel_stand_in``, its
+contract computed exactly over the tree's own cache format, since Triton's interpreter has no ``tl.dot_scaled``
+(the kernel's FP4 x FP8 dot) and the kernel cannot run on a CPU host. ``build_uq_cache`` fills an UltraQuant
+cache with the tree's own encoder.
 """
 
 from __future__ import annotations
@@ -306,10 +311,9 @@ def cam_class(tree: Path) -> type:
                       torch=torch, np=np, Any=Any)
 
 
-def load_backend(tree: Path, vllm_config: Any = None) -> ModuleType:
-    """The tree's ``turboquant_attn.py`` with its real kernels (see the module docstring); its
-    ``CommonAttentionMetadata`` is the tree's own; ``get_current_vllm_config()`` returns ``vllm_config``."""
-    tree = Path(tree).resolve()
+def _real_kernel_stubs(tree: Path, vllm_config: Any) -> tuple[dict[str, ModuleType], Any]:
+    """The stand-ins of ``load_backend`` (the tree's kernels, config, centroids and environment removed from
+    them) and the function that gives those modules from the tree."""
     stubs = make_stubs(tree, Recorder(), current_config=vllm_config)
     for name in list(stubs):
         if name.startswith(REAL_PACKAGES) or name in REAL_MODULES:
@@ -323,8 +327,137 @@ def load_backend(tree: Path, vllm_config: Any = None) -> ModuleType:
             return _Unavailable(mod_name)
         return vllm_tree.load_module(tree, mod_name.replace(".", "/") + ".py")
 
+    return stubs, real
+
+
+def load_backend(tree: Path, vllm_config: Any = None) -> ModuleType:
+    """The tree's ``turboquant_attn.py`` with its real kernels (see the module docstring); its
+    ``CommonAttentionMetadata`` is the tree's own; ``get_current_vllm_config()`` returns ``vllm_config``."""
+    tree = Path(tree).resolve()
+    stubs, real = _real_kernel_stubs(tree, vllm_config)
     key = abs(hash((str(tree), "real", id(vllm_config))))
     return _exec_file(tree, TQ, f"_tq_real_kernels_{key}", stubs, real)
+
+
+UQ_KERNEL = "vllm.v1.attention.ops.ultraquant.triton_unified_attention"
+UQ_FORMAT = "vllm/v1/attention/ops/ultraquant/format.py"
+UQ_REFERENCE = "vllm/v1/attention/ops/ultraquant/reference.py"
+
+
+def load_ultraquant_backend(tree: Path, vllm_config: Any = None, tq: ModuleType | None = None) -> ModuleType:
+    """The tree's ``ultraquant_attn.py`` as ``load_backend`` runs TurboQuant's, on top of ``tq`` (that tree's
+    ``load_backend(tree, vllm_config)``, loaded here if not given): UltraQuant subclasses TurboQuant's backend,
+    builder, metadata and impl. Its kernel is ``uq_kernel_stand_in``; its format and everything else under
+    ``vllm/v1/attention/ops`` are the tree's own."""
+    tree = Path(tree).resolve()
+    if tq is None:
+        tq = load_backend(tree, vllm_config)
+    stubs, real = _real_kernel_stubs(tree, vllm_config)
+    stubs["vllm.v1.attention.backends.turboquant_attn"] = tq
+    stubs[UQ_KERNEL] = uq_kernel_stand_in(tree)
+    key = abs(hash((str(tree), "real", id(vllm_config), id(tq))))
+    return _exec_file(tree, UQ, f"_uq_real_format_{key}", stubs, real)
+
+
+def uq_read(tree: Path, slots: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(K, V) float32 ``(..., Hk, D)`` of UltraQuant cache slots ``(..., Hk, slot)`` (uint8), decoded with the
+    tree's own format (``format.py``'s offsets, ``reference.py``'s dequantization). K is in the rotated basis
+    the cache stores it in."""
+    fmt = vllm_tree.load_module(tree, UQ_FORMAT)
+    ref = vllm_tree.load_module(tree, UQ_REFERENCE)
+    d = head_dim
+
+    def field(offset: int, size: int) -> torch.Tensor:
+        return slots[..., offset: offset + size]
+
+    k = ref.UltraQuantEncoded(field(fmt.k_codes_offset(d), fmt.k_codes_bytes(d)),
+                              field(fmt.k_scales_offset(d), fmt.k_scales_bytes(d)))
+    v = ref.UltraQuantEncoded(field(fmt.v_codes_offset(d), fmt.v_codes_bytes(d)),
+                              field(fmt.v_scales_offset(d), fmt.v_scales_bytes(d)))
+    return ref.ultraquant_dequant(k, d), ref.ultraquant_dequant(v, d)
+
+
+def uq_kernel_stand_in(tree: Path) -> ModuleType:
+    """UltraQuant's kernel module with ``ultraquant_unified_attention`` computing what the kernel computes, in
+    float64: sequence s (query rows ``query_start_loc[s]`` .. ``[s + 1]``, q_len of them) has ``seq_lens[s]``
+    positions through ``block_table[s]``, its last q_len being its queries' own tokens, so query row i sees the
+    first ``seq_lens[s] - q_len + 1 + i`` of them (the kernel's ``context_len + query_pos``; none: a zero row);
+    the query is rotated by ``PiT`` (the stored K is), and K/V are read from the cache bytes with ``uq_read``.
+    Exact: the real kernel also rounds the rotated query to FP8 and P to bfloat16, which moves nothing a route
+    decides. Lengths, rows and block tables are read on the host: no graph runs it."""
+    tree = Path(tree).resolve()
+    ref = vllm_tree.load_module(tree, UQ_REFERENCE)
+
+    def ultraquant_unified_attention(query, kv_cache, block_table, seq_lens, query_start_loc, scale, PiT=None,
+                                     output=None, sinks=None, sliding_window=None, **_):
+        assert sinks is None and not sliding_window, "the stand-in attends without sinks or a sliding window"
+        n, hq, d = query.shape
+        bs, hk = kv_cache.shape[1], kv_cache.shape[2]
+        assert hq % hk == 0 and query_start_loc.shape[0] - 1 <= block_table.shape[0]
+        rot = ref.hadamard_matrix(d, query.device) if PiT is None else PiT
+        q = query.double() @ rot.double()
+        out = torch.zeros(n, hq, d, dtype=torch.float64, device=query.device)
+        qsl = [int(x) for x in query_start_loc.tolist()]
+        lens = [int(x) for x in seq_lens.tolist()]
+        for s in range(len(qsl) - 1):
+            q_len = qsl[s + 1] - qsl[s]
+            for i in range(q_len):
+                m = lens[s] - q_len + 1 + i
+                if m <= 0:
+                    continue
+                pos = torch.arange(m, device=query.device)
+                k, v = uq_read(tree, kv_cache[block_table[s, pos // bs].long(), pos % bs], d)
+                k = k.double().repeat_interleave(hq // hk, dim=1)  # (m, Hq, D)
+                v = v.double().repeat_interleave(hq // hk, dim=1)
+                scores = torch.einsum("hd,nhd->hn", q[qsl[s] + i], k) * scale
+                out[qsl[s] + i] = torch.einsum("hn,nhd->hd", scores.softmax(-1), v)
+        if output is None:
+            output = torch.empty_like(query)
+        output[:n] = out.to(output.dtype)
+        return output
+
+    return _module("uq_kernel", ultraquant_unified_attention=ultraquant_unified_attention)
+
+
+def build_uq_cache(tree: Path, seq_lens: list[int], num_kv_heads: int, head_dim: int, block_size: int,
+                   device: torch.device | str = "cpu", *, seed: int = 0, extra_blocks: int = 3) -> SimpleNamespace:
+    """An UltraQuant paged cache ``(num_blocks, block_size, Hk, slot)`` for requests of lengths ``seq_lens``,
+    encoded with the tree's own ``reference.ultraquant_encode`` (K Hadamard-rotated, V not) and laid out by its
+    ``format.py``. Every slot of every block holds random K/V (other requests', spare blocks', the tail of a
+    request's last block), so reading past a request's length reads valid but unrelated tokens. Block tables
+    are scattered (shuffled blocks), 0 past a request's blocks. ``keys``/``values``: each request's K/V
+    ``(L, Hk, D)`` float32 as dequantized from the cache, K turned back to the unrotated basis."""
+    tree = Path(tree).resolve()
+    fmt = vllm_tree.load_module(tree, UQ_FORMAT)
+    ref = vllm_tree.load_module(tree, UQ_REFERENCE)
+    gen = torch.Generator().manual_seed(seed)
+    d, hk = head_dim, num_kv_heads
+    per_req = [math.ceil(n / block_size) for n in seq_lens]
+    num_blocks = sum(per_req) + extra_blocks
+    order = torch.randperm(num_blocks, generator=gen)
+    block_table = torch.zeros(len(seq_lens), max(per_req + [1]), dtype=torch.int32)
+    used = 0
+    for b, nb in enumerate(per_req):
+        block_table[b, :nb] = order[used: used + nb].to(torch.int32)
+        used += nb
+    raw_k = torch.randn(num_blocks * block_size, hk, d, generator=gen)
+    raw_v = torch.randn(num_blocks * block_size, hk, d, generator=gen)
+    k = ref.ultraquant_encode(raw_k, rotate=True)
+    v = ref.ultraquant_encode(raw_v, rotate=False)
+    slots = torch.zeros(num_blocks * block_size, hk, fmt.slot_size(d), dtype=torch.uint8)
+    for offset, data in ((fmt.k_codes_offset(d), k.codes_packed), (fmt.k_scales_offset(d), k.scale_bytes),
+                         (fmt.v_codes_offset(d), v.codes_packed), (fmt.v_scales_offset(d), v.scale_bytes)):
+        slots[..., offset: offset + data.shape[-1]] = data
+    kv_cache = slots.view(num_blocks, block_size, hk, -1).to(device)
+    block_table = block_table.to(device)
+    rot = ref.hadamard_matrix(d, torch.device(device))
+    keys, values = [], []
+    for b, n in enumerate(seq_lens):
+        pos = torch.arange(n, device=device)
+        kr, vr = uq_read(tree, kv_cache[block_table[b, pos // block_size].long(), pos % block_size], d)
+        keys.append(kr @ rot)  # stored as K @ H^T, H orthonormal
+        values.append(vr)
+    return SimpleNamespace(kv_cache=kv_cache, block_table=block_table, keys=keys, values=values)
 
 
 def vllm_config(num_spec: int | None, num_heads: int, max_num_seqs: int = 8, splits: int = 4,
