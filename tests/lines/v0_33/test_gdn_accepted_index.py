@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from accepted_counts import assert_valid_counts_unchanged
+from accepted_counts import assert_stays_in_row, assert_valid_counts_unchanged
 
 import vllm_tree
 
@@ -108,23 +108,8 @@ def _tokens(o: torch.Tensor, r: int) -> torch.Tensor:
 @pytest.mark.parametrize("counts", [[0, 2], [2, NUM_SPEC + 3], [-1, 0], [9, 2]])
 def test_out_of_range_count_stays_in_row(v033_tree, kernel, counts, empty_is_nan):
     """[9, 2]: column 8 of row 0 is column 0 of row 1 (another request's slot); the others name FOREIGN."""
-    state = _state(1)
-    o, s = _run(v033_tree, kernel, counts, state)
-    unnamed = sorted(set(range(NUM_SLOTS)) - {i for row in ROWS for i in row})
-    assert torch.equal(s[unnamed], state[unnamed]), f"{kernel}: counts {counts} wrote a slot outside every row"
-    for r, own in enumerate(ROWS):
-        others = sorted(set(range(NUM_SLOTS)) - set(own))
-        changed = state.clone()
-        changed[others] = _state(2)[others]
-        o2, s2 = _run(v033_tree, kernel, counts, changed)
-        torch.testing.assert_close(
-            _tokens(o2, r), _tokens(o, r), rtol=0, atol=0, equal_nan=True,
-            msg=lambda m, r=r: f"{kernel}: counts {counts}: request {r}'s output depends on slots outside its "
-                               f"row {ROWS[r]}: {m}")
-        torch.testing.assert_close(
-            s2[own], s[own], rtol=0, atol=0, equal_nan=True,
-            msg=lambda m, r=r: f"{kernel}: counts {counts}: request {r}'s slots depend on slots outside its "
-                               f"row: {m}")
+    assert_stays_in_row(lambda state: _run(v033_tree, kernel, counts, state), _state(1), _state(2), ROWS, _tokens,
+                        f"{kernel}: counts {counts}")
 
 
 VALID = [[1, 3], [2, 1], [3, 2]]  # every column of each row

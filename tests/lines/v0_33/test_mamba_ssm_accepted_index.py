@@ -26,7 +26,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from accepted_counts import assert_valid_counts_unchanged
+from accepted_counts import assert_stays_in_row, assert_valid_counts_unchanged
 
 import vllm_tree
 
@@ -85,22 +85,8 @@ def _run(tree: Path, counts: list[int], state: torch.Tensor):
 @pytest.mark.parametrize("counts", [[0, T + 1], [T + 1, 2], [9, 2], [-1, T + 3]])
 def test_out_of_range_count_stays_in_row(v033_tree, counts):
     """[9, 2]: column 8 of row 0 is column 0 of row 1 (another request's slot); the others name FOREIGN."""
-    state = _state(1)
-    out, after = _run(v033_tree, counts, state)
-    unnamed = sorted(set(range(NUM_SLOTS)) - {i for row in ROWS for i in row})
-    assert torch.equal(after[unnamed], state[unnamed]), f"counts {counts} wrote a slot outside every row"
-    for r, own in enumerate(ROWS):
-        others = sorted(set(range(NUM_SLOTS)) - set(own))
-        changed = state.clone()
-        changed[others] = _state(2)[others]
-        out2, after2 = _run(v033_tree, counts, changed)
-        torch.testing.assert_close(
-            out2[r * T:(r + 1) * T], out[r * T:(r + 1) * T], rtol=0, atol=0, equal_nan=True,
-            msg=lambda m, r=r: f"counts {counts}: request {r}'s output depends on slots outside its row "
-                               f"{ROWS[r]}: {m}")
-        torch.testing.assert_close(
-            after2[own], after[own], rtol=0, atol=0, equal_nan=True,
-            msg=lambda m, r=r: f"counts {counts}: request {r}'s slots depend on slots outside its row: {m}")
+    assert_stays_in_row(lambda state: _run(v033_tree, counts, state), _state(1), _state(2), ROWS,
+                        lambda out, r: out[r * T:(r + 1) * T], f"counts {counts}")
 
 
 VALID = [[1, T], [T, 2], [2, 1]]  # every column of each row
