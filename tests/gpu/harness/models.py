@@ -143,6 +143,9 @@ MODELS = {m.name: m for m in (LLAMA6, QWEN3_NEXT12, QWEN3_NEXT12_MTP, QWEN3_NEXT
                               LLAMA28, LLAMA8B, QWEN27B_SHAPED_MTP)}
 
 
+CAUSAL_LM = {"llama": "LlamaForCausalLM", "qwen3_next": "Qwen3NextForCausalLM"}
+
+
 def _config(spec: ModelSpec):
     import transformers
 
@@ -156,7 +159,7 @@ def instantiate(spec: ModelSpec, dtype=None):
     import transformers
 
     config = _config(spec)
-    model_cls = {"llama": transformers.LlamaForCausalLM, "qwen3_next": transformers.Qwen3NextForCausalLM}[spec.arch]
+    model_cls = getattr(transformers, CAUSAL_LM[spec.arch])
     gen = torch.Generator().manual_seed(spec.seed)
     model = model_cls(config)
     with torch.no_grad():
@@ -206,10 +209,13 @@ def build(spec: ModelSpec, root: Path) -> Path:
                 _add_mtp(spec, model, tmp)
         else:
             _config(spec).save_pretrained(tmp)
+            config = json.loads((tmp / "config.json").read_text())
+            # A bare config names no architecture, and vLLM would take transformers' base model for its
+            # model_type: for qwen3_next that is Qwen3NextModel, which it serves as a pooling model.
+            config["architectures"] = [CAUSAL_LM[spec.arch]]
             if spec.mtp_layers:  # vLLM draws the MTP module's weights too
-                config = json.loads((tmp / "config.json").read_text())
                 config["num_nextn_predict_layers"] = spec.mtp_layers
-                (tmp / "config.json").write_text(json.dumps(config, indent=2))
+            (tmp / "config.json").write_text(json.dumps(config, indent=2))
         try:
             tmp.rename(dest)
         except OSError:
