@@ -319,7 +319,9 @@ def compile_kernel(mod, fn_name: str, target: Target, args: dict, num_warps: int
 
     fn = getattr(mod, fn_name)
     signature, constexprs, attrs = _compile_inputs(fn, target, args)
-    options = {"num_warps": num_warps}
+    # The options the file's launches add (a register allowance on CUDA), where the file has any.
+    launch_options = getattr(mod, "tq_mq_launch_options", None)
+    options = {"num_warps": num_warps, **(launch_options(target.hip) if launch_options else {})}
     if num_stages is not None:
         options["num_stages"] = num_stages
     path = _cache_path(mod.SOURCE_SHA256, target, fn_name, signature, constexprs, attrs, options)
