@@ -371,3 +371,32 @@ def test_arrival_and_long_prompt_scenarios():
     assert max(map(len, long.test.workloads[0].prompts)) + 96 <= long.test.kwargs["max_model_len"] \
         <= config["max_position_embeddings"]
     assert long.test.kwargs["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 1}
+
+
+def test_memory_figures_tell_what_the_profile_counted():
+    """The workspace's growth before vLLM logs the KV cache it sized is inside the memory profile; growth after
+    comes out of the headroom, and the report names who grew it."""
+    from harness.runner import memory_figures
+
+    log = "\n".join([
+        "[WORKSPACE DEBUG] Resized workspace from 'turboquant_attn.py:141:_reserve': 0.00 MB -> 50.10 MB (ubatch 0)",
+        "INFO gpu_worker.py:760] Available KV cache memory: 5.35 GiB",
+        "INFO kv_cache_utils.py:1] GPU KV cache size: 123,744 tokens",
+        "[WORKSPACE DEBUG] Resized workspace from 'turboquant_attn.py:450:_reserve_workspace': 50.10 MB -> 524.10 MB",
+    ])
+    figures = memory_figures(log)
+    assert figures == {"kv_cache_tokens": 123744, "kv_cache_gib": 5.35, "workspace_mb_profiled": 50.1,
+                       "workspace_mb": 524.1, "workspace_grown_after": ["turboquant_attn.py:450:_reserve_workspace"]}
+    judged = report.judge_memory("m", "patched", {"booted": True, **figures})
+    assert judged.verdict == "figure" and "50.1 MB of it before the KV cache was sized" in judged.detail
+    assert "grown after by turboquant_attn.py:450" in judged.detail
+    assert memory_figures("no memory lines") == {}
+
+
+def test_config_only_models_name_their_causal_lm(tmp_path):
+    """vLLM takes a bare config's transformers base model, which it serves as a pooling model for qwen3_next:
+    the harness writes the causal-LM class (and the MTP layer count) into config.json."""
+    directory = models.build(models.QWEN27B_SHAPED_MTP, tmp_path)
+    config = json.loads((directory / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3NextForCausalLM"] and config["num_nextn_predict_layers"] == 1
+    assert not list(directory.glob("*.safetensors"))
