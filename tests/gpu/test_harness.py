@@ -108,6 +108,51 @@ def test_scenarios_are_well_formed():
     assert len({len(p) for p in prompts(64)}) == 4
 
 
+def test_twin_scenarios_differ_from_their_reference_by_graph_mode_alone():
+    twins = [s for s in SCENARIOS if s.oracle == "twin"]
+    assert {"t-hybrid-tq-3bit_nc-mtp3-long", "t-hybrid-tq-3bit_nc-mtp3-long-99KiB",
+            "t-hybrid-tq-4bit_nc-mtp3-arrivals", "t-tq-k8v4-decode-graphs"} <= {s.name for s in twins}
+    for s in twins:
+        assert s.test.logprobs and s.reference.logprobs and s.calibration is None
+        assert "compilation_config" not in s.test.kwargs  # vLLM's default: FULL_AND_PIECEWISE
+        assert s.reference.kwargs == {**s.test.kwargs, "compilation_config": {"cudagraph_mode": "PIECEWISE"}}
+        assert s.reference.env == s.test.env and s.reference.workloads == s.test.workloads
+        assert engine_digest(s.test) != engine_digest(dataclasses.replace(s.test, logprobs=False))
+        twinned = BY_NAME[s.name.replace("t-", "h-" if "long" in s.name else "i-" if "arrivals" in s.name
+                                          else "f-" if "hybrid" in s.name else "e-", 1)]
+        assert dataclasses.replace(s.test, logprobs=False) == twinned.test
+
+
+def twin_result(tokens=VARIED, logprobs=None) -> dict:
+    out = result(tokens)
+    out["workloads"]["w"]["logprobs"] = logprobs or [[-0.5 - i / 64 for i in range(len(t))] for t in tokens]
+    return out
+
+
+def test_twin_oracle_passes_bit_identical_runs_only():
+    assert report.judge("s", "t", twin_result(), twin_result(), oracle="twin").verdict == "pass"
+    nudged = twin_result()["workloads"]["w"]["logprobs"]
+    nudged[1][7] = nudged[1][7] + 1e-7
+    j = report.judge("s", "t", twin_result(logprobs=nudged), twin_result(), oracle="twin")
+    assert j.verdict == "diverged" and j.workloads[0].match
+    assert j.workloads[0].logprob_mismatch == [None, 7]
+    assert 0 < j.workloads[0].max_logprob_diff < 1e-6
+
+
+def test_twin_oracle_names_the_first_difference_before_the_tokens_part():
+    changed = [VARIED[0], VARIED[1][:20] + [7] * 12]
+    logprobs = twin_result()["workloads"]["w"]["logprobs"]
+    logprobs[1][18] -= 0.25
+    j = report.judge("s", "t", twin_result(changed, logprobs), twin_result(), oracle="twin")
+    assert j.verdict == "diverged"
+    assert j.workloads[0].first_mismatch == [None, 20] and j.workloads[0].logprob_mismatch == [None, 18]
+    assert j.workloads[0].max_logprob_diff == pytest.approx(0.25)
+
+
+def test_twin_oracle_without_logprobs_is_invalid():
+    assert report.judge("s", "t", result(), twin_result(), oracle="twin").verdict == "invalid"
+
+
 def test_gdn_scenarios_share_one_reference_per_dtype():
     refs = {engine_digest(s.reference) for s in SCENARIOS if s.name[0] in "cd"}
     assert len(refs) == 2
@@ -356,7 +401,7 @@ def test_staggered_requests_join_at_their_steps_and_come_back_in_prompt_order():
     assert [(rid, step) for rid, step, _ in llm.llm_engine.joined] == [("arrival-1", 0), ("arrival-0", 3),
                                                                         ("arrival-2", 3)]
     assert llm.llm_engine.joined[1][2] == 2  # request 0 joined while request 1 was still decoding
-    assert tokens == [[k * 100 + i for i in range(5)] for k in range(3)]
+    assert [list(c.token_ids) for c in tokens] == [[k * 100 + i for i in range(5)] for k in range(3)]
 
 
 def test_arrival_and_long_prompt_scenarios():

@@ -91,14 +91,21 @@ def teacher_gaps(llm, sampling_params, prompts: list[list[int]], outputs: list[l
     return result
 
 
-def staggered(llm, prompts: list[list[int]], params, arrivals: list[int]) -> list[list[int]]:
-    """Each prompt's output tokens, prompt i added through the engine's request API just before engine
-    step `arrivals[i]` (steps counted from the first), so later requests join batches of requests that
-    are already decoding."""
+def emitted_logprobs(completion) -> list[float | None]:
+    """The logprob of each token a completion emitted (None where vLLM gave none), as exact floats."""
+    entries = completion.logprobs or []
+    return [e[t].logprob if t in e else None for t, e in zip(completion.token_ids, entries, strict=False)] + \
+        [None] * (len(completion.token_ids) - len(entries))
+
+
+def staggered(llm, prompts: list[list[int]], params, arrivals: list[int]) -> list[Any]:
+    """Each prompt's finished completion (tokens, logprobs), prompt i added through the engine's request
+    API just before engine step `arrivals[i]` (steps counted from the first), so later requests join
+    batches of requests that are already decoding."""
     engine = llm.llm_engine
     order = sorted(range(len(prompts)), key=lambda i: arrivals[i])
     index: dict[str, int] = {}
-    done: dict[int, list[int]] = {}
+    done: dict[int, Any] = {}
     step = 0
     while order or engine.has_unfinished_requests():
         while order and arrivals[order[0]] <= step:
@@ -108,7 +115,7 @@ def staggered(llm, prompts: list[list[int]], params, arrivals: list[int]) -> lis
             index[str(engine.add_request(given, {"prompt_token_ids": list(prompts[i])}, params))] = i
         for out in engine.step():
             if out.finished:
-                done[index[out.request_id]] = list(out.outputs[0].token_ids)
+                done[index[out.request_id]] = out.outputs[0]
         step += 1
     return [done[i] for i in range(len(prompts))]
 
@@ -173,22 +180,26 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         result["warmup_s"] = round(time.perf_counter() - started - result["boot_s"], 1)
         for w in job["workloads"]:
             params = SamplingParams(temperature=0.0, max_tokens=w["max_tokens"], min_tokens=w["max_tokens"],
-                                    detokenize=False, ignore_eos=True)
+                                    detokenize=False, ignore_eos=True,
+                                    **({"logprobs": 0} if job.get("logprobs") else {}))
             before = _spec_metrics(llm)
             t0 = time.perf_counter()
             if w.get("arrivals"):
-                tokens = staggered(llm, w["prompts"], params, w["arrivals"])
+                completions = staggered(llm, w["prompts"], params, w["arrivals"])
             else:
                 outs = llm.generate([{"prompt_token_ids": list(p)} for p in w["prompts"]], params, use_tqdm=False)
-                tokens = [list(o.outputs[0].token_ids) for o in outs]
+                completions = [o.outputs[0] for o in outs]
             seconds = time.perf_counter() - t0
             after = _spec_metrics(llm)
+            tokens = [list(c.token_ids) for c in completions]
             result["workloads"][w["name"]] = {
                 "tokens": tokens,
                 "seconds": round(seconds, 4),
                 "tokens_per_s": round(sum(map(len, tokens)) / seconds, 1) if seconds else None,
                 "spec": {k: after[k] - before.get(k, 0.0) for k in after},
             }
+            if job.get("logprobs"):
+                result["workloads"][w["name"]]["logprobs"] = [emitted_logprobs(c) for c in completions]
             if job.get("score"):
                 result["workloads"][w["name"]]["teacher"] = teacher_gaps(
                     llm, SamplingParams, [list(p) for p in w["prompts"]], tokens)

@@ -7,6 +7,9 @@ A scenario's verdict on one vLLM tree:
 - `diverged`: booted, but some prompt's tokens differ from the reference's;
 - `pass`: every prompt's tokens equal the reference's.
 
+Scenarios with the `twin` oracle compare the engine with itself in PIECEWISE mode: tokens and the
+logprob of every token must be bit-identical (`diverged` names the first position that is not).
+
 Scenarios with the `teacher` oracle (speculative vs plain decoding) judge instead whether every
 token the test emitted is the greedy choice of a prefill over the same prefix, within a
 tolerance: exact comparison stops meaning anything after the first near-tie that rounding
@@ -50,6 +53,11 @@ class WorkloadJudgement:
     max_gap: float | None = None
     ref_max_gap: float | None = None
     ref_median_margin: float | None = None
+    # Oracle "twin": per prompt, the first output position whose logprob differs from the reference's
+    # (bit for bit; a missing one differs), and the largest difference over the positions both emitted
+    # the same token.
+    logprob_mismatch: list[int | None] | None = None
+    max_logprob_diff: float | None = None
 
     @property
     def acceptance(self) -> float | None:
@@ -137,11 +145,56 @@ def judge(scenario: str, tree: str, test: dict[str, Any], reference: dict[str, A
                                   f"(< {MIN_DISTINCT} distinct tokens in a prompt)", judged)
     if oracle == "teacher":
         return _judge_teacher(verdict, judged)
+    if oracle == "twin":
+        return _judge_twin(verdict, judged, test, reference)
     bad = [w for w in judged if not w.match]
     if bad:
         parts = [f"{w.name}: first mismatch per prompt {w.first_mismatch}" for w in bad]
         return verdict("diverged", "; ".join(parts), judged)
     return verdict("pass", "tokens equal the reference's", judged)
+
+
+def _logprob_mismatch(got: list[int], got_lp: list[float | None], want: list[int],
+                      want_lp: list[float | None]) -> tuple[int | None, float]:
+    """The first position where two runs' logprobs differ (or one run stopped), and the largest difference
+    over the leading positions where both emitted the same token."""
+    largest, n = 0.0, min(len(got), len(want), len(got_lp), len(want_lp))
+    for i in range(n):
+        if got[i] != want[i]:
+            return i, largest
+        if got_lp[i] is None or want_lp[i] is None or got_lp[i] != want_lp[i]:
+            if got_lp[i] is not None and want_lp[i] is not None:
+                largest = max(largest, abs(got_lp[i] - want_lp[i]))
+            first = i
+            for j in range(i + 1, n):
+                if got[j] != want[j]:
+                    break
+                if got_lp[j] is not None and want_lp[j] is not None:
+                    largest = max(largest, abs(got_lp[j] - want_lp[j]))
+            return first, largest
+    same = len(got) == len(want) == len(got_lp) == len(want_lp)
+    return (None if same else n), largest
+
+
+def _judge_twin(verdict, judged: list[WorkloadJudgement], test: dict[str, Any],
+                reference: dict[str, Any]) -> Judgement:
+    """Oracle `twin`: the engine must reproduce its own PIECEWISE run bit for bit, tokens and logprobs."""
+    for w in judged:
+        got, ref = test["workloads"].get(w.name, {}), reference["workloads"][w.name]
+        if "logprobs" not in got or "logprobs" not in ref:
+            return verdict("invalid", f"{w.name}: no logprobs recorded", judged)
+        found = [_logprob_mismatch(g, gl, r, rl) for g, gl, r, rl in
+                 zip(got["tokens"], got["logprobs"], ref["tokens"], ref["logprobs"], strict=False)]
+        w.logprob_mismatch = [f for f, _ in found] + [0] * (len(ref["tokens"]) - len(found))
+        w.max_logprob_diff = max((d for _, d in found), default=0.0)
+    bad = [w for w in judged if not w.match or any(m is not None for m in w.logprob_mismatch or [])]
+    if bad:
+        parts = [f"{w.name}: first logprob differing per prompt {w.logprob_mismatch} (largest difference "
+                 f"{w.max_logprob_diff:.3g} nats), first token differing {w.first_mismatch}" for w in bad]
+        return verdict("diverged", "; ".join(parts), judged)
+    total = sum(len(t) for w in judged for t in test["workloads"][w.name]["tokens"])
+    return verdict("pass", f"tokens and logprobs bit-identical to the same engine in PIECEWISE ({total} tokens)",
+                   judged)
 
 
 def _judge_teacher(verdict, judged: list[WorkloadJudgement], reference: str = "a prefill") -> Judgement:
@@ -264,7 +317,8 @@ def to_json(judgements: list[Judgement], meta: dict[str, Any]) -> dict[str, Any]
                      "ref_tokens_per_s": w.ref_tokens_per_s, "spec": w.spec, "acceptance": w.acceptance,
                      "tolerance": w.tolerance, "off_greedy": w.off_greedy, "max_gap": w.max_gap,
                      "ref_max_gap": w.ref_max_gap,
-                     "ref_median_margin": w.ref_median_margin}
+                     "ref_median_margin": w.ref_median_margin, "logprob_mismatch": w.logprob_mismatch,
+                     "max_logprob_diff": w.max_logprob_diff}
                     for w in j.workloads
                 ],
             }

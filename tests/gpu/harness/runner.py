@@ -64,6 +64,7 @@ def _job(engine: Engine, model_dir: Path, force: dict[str, list[list[int]]] | No
         "workloads": [asdict(w) for w in engine.workloads],
         "score": engine.score,
         "force": force,
+        "logprobs": engine.logprobs,
     }
 
 

@@ -8,6 +8,7 @@ report can say whether a run shows the bug or the fix.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -52,11 +53,14 @@ class Engine:
     # Environment variables of the engine's process (vLLM reads some settings only there, such as
     # VLLM_TURBOQUANT_ATTENTION_KERNEL), as (name, value) pairs.
     env: tuple[tuple[str, str], ...] = ()
+    # Also record the logprob of every emitted token (the `twin` oracle compares them bit for bit).
+    logprobs: bool = False
 
     def key(self) -> str:
         """Engines with the same key give the same tokens; a shared reference runs once."""
         return json.dumps({"model": self.model.key(), "kwargs": self.kwargs, "score": self.score,
                            "force": self.force, **({"env": list(map(list, self.env))} if self.env else {}),
+                           **({"logprobs": True} if self.logprobs else {}),
                            "workloads": [[w.name, w.prompts, w.max_tokens, *([w.arrivals] if w.arrivals else [])]
                                          for w in self.workloads]},
                           sort_keys=True)
@@ -76,7 +80,11 @@ class Scenario:
     # rounding, after which exact comparison says nothing. "forced": the reference (force=True,
     # no speculation, the same quantized KV cache) decodes the test's tokens one a step and
     # scores each; its noise is measured by forcing it onto the tokens of `calibration`, the
-    # same plain engine run freely with other batching (see report.judge_forced).
+    # same plain engine run freely with other batching (see report.judge_forced). "twin": the
+    # reference is the test engine itself in PIECEWISE mode (attention outside the graphs, the same
+    # schedule and padding), and tokens and logprobs must be bit-identical: exact for the CUDA-graph
+    # bug class, where the forced oracle's tolerance cannot tell the verify kernel's legitimate
+    # rounding from a small error (see twin()).
     oracle: str = "tokens"
     calibration: Engine | None = None
 
@@ -314,6 +322,29 @@ def _arrivals(preset: str, method: str) -> Scenario:
     )
 
 
+def _consumer_smem(s: Scenario) -> Scenario:
+    """The engine under test on the shared memory a consumer GPU gives a block (sm_86/89/120: 99 KiB), the limit
+    the multi-query kernel's tiles are chosen for (VLLM_TURBOQUANT_MQ_MAX_SHARED_MEMORY caps the device's)."""
+    return replace(s, name=f"{s.name}-99KiB", title=f"{s.title}; the engine under test limited to 99 KiB of shared "
+                   "memory a block", test=replace(s.test, env=(("VLLM_TURBOQUANT_MQ_MAX_SHARED_MEMORY", "101376"),)))
+
+
+def twin(base: Scenario) -> Scenario:
+    """The exact oracle for what FULL graphs change: the engine under test against itself with attention
+    run eagerly (PIECEWISE: the same compiled model, the same schedule and token padding), tokens and the
+    logprob of every token compared bit for bit. The multi-query kernel's split count comes from shapes only
+    (triton_turboquant_verify.tq_mq_verify_num_splits) and reaches its limit at both the graph's padded and
+    the eager batch size in these scenarios, so a correct route replays exactly what it computes eagerly;
+    a replay that reads stale lengths, slots or a wrong route does not. It says nothing of whether the eager
+    route is right: the scenario it twins (forced oracle) and the kernel tests against float64 say that."""
+    test = replace(base.test, logprobs=True)
+    piecewise = {**test.kwargs, "compilation_config": {"cudagraph_mode": "PIECEWISE"}}
+    return replace(base, name=f"t-{base.name.split('-', 1)[1]}",
+                   title=f"{re.sub(r',? vs [^;]*', '', base.title)}; FULL_AND_PIECEWISE vs the same engine in "
+                         "PIECEWISE, tokens and logprobs bit for bit",
+                   test=test, reference=replace(test, kwargs=piecewise), calibration=None, oracle="twin")
+
+
 def _default_memory(k: int | None, graphs: str) -> Scenario:
     """KV cache capacity at vLLM's default memory settings (gpu_memory_utilization, max_num_seqs,
     max_num_batched_tokens left unset) on a 28-layer model with 24 TurboQuant layers: the decode
@@ -400,12 +431,13 @@ SCENARIOS: tuple[Scenario, ...] = (
     _preemption("mtp"),
     _long_prompts("4bit_nc", 1),
     _long_prompts("3bit_nc", 3),
-    # The engine under test on the shared memory a consumer GPU gives a block (sm_86/89/120: 99 KiB), the limit
-    # the multi-query kernel's tiles are chosen for (VLLM_TURBOQUANT_MQ_MAX_SHARED_MEMORY caps the device's).
-    (lambda s: replace(s, name=f"{s.name}-99KiB", title=f"{s.title}; the engine under test limited to 99 KiB of "
-                       "shared memory a block", test=replace(s.test, env=(
-                           ("VLLM_TURBOQUANT_MQ_MAX_SHARED_MEMORY", "101376"),))))(_long_prompts("3bit_nc", 3)),
+    _consumer_smem(_long_prompts("3bit_nc", 3)),
     _arrivals("4bit_nc", "mtp"),
+    # The exact oracle for the graph bug class, on the cases whose forced tolerance is tighter than the
+    # verify kernel's own rounding.
+    *(twin(s) for s in (_long_prompts("4bit_nc", 1), _long_prompts("3bit_nc", 3),
+                        _consumer_smem(_long_prompts("3bit_nc", 3)), _arrivals("4bit_nc", "mtp"),
+                        _combined("4bit_nc", "mtp"), _turboquant_llama_workarounds()[1])),
     *(_default_memory(k, graphs) for k in (3, 8) for graphs in ("FULL_AND_PIECEWISE", "PIECEWISE")),
     *(_memory_at(model, spec, budget) for model, spec in ((LLAMA8B, ngram(3)), (QWEN27B_SHAPED_MTP, mtp(3)))
       for budget in ("defaults", "24gib")),
