@@ -329,15 +329,16 @@ def _consumer_smem(s: Scenario) -> Scenario:
                    "memory a block", test=replace(s.test, env=(("VLLM_TURBOQUANT_MQ_MAX_SHARED_MEMORY", "101376"),)))
 
 
-def twin(base: Scenario) -> Scenario:
+def twin(base: Scenario, **both: Any) -> Scenario:
     """The exact oracle for what FULL graphs change: the engine under test against itself with attention
     run eagerly (PIECEWISE: the same compiled model, the same schedule and token padding), tokens and the
     logprob of every token compared bit for bit. The multi-query kernel's split count comes from shapes only
     (triton_turboquant_verify.tq_mq_verify_num_splits) and reaches its limit at both the graph's padded and
     the eager batch size in these scenarios, so a correct route replays exactly what it computes eagerly;
     a replay that reads stale lengths, slots or a wrong route does not. It says nothing of whether the eager
-    route is right: the scenario it twins (forced oracle) and the kernel tests against float64 say that."""
-    test = replace(base.test, logprobs=True)
+    route is right: the scenario it twins (forced oracle) and the kernel tests against float64 say that.
+    `both`: engine arguments given to test and reference alike."""
+    test = replace(base.test, logprobs=True, kwargs={**base.test.kwargs, **both})
     piecewise = {**test.kwargs, "compilation_config": {"cudagraph_mode": "PIECEWISE"}}
     return replace(base, name=f"t-{base.name.split('-', 1)[1]}",
                    title=f"{re.sub(r',? vs [^;]*', '', base.title)}; FULL_AND_PIECEWISE vs the same engine in "
@@ -387,6 +388,10 @@ def _memory_at(model: ModelSpec, spec: dict[str, Any], budget: str) -> Scenario:
     if budget == "24gib":
         kw["gpu_memory_utilization"] = 0.97
         env += (("VP_EMULATE_GPU_GIB", str(CONSUMER_GIB)),)
+        if model.arch == "qwen3_next":
+            # A hybrid keeps one Mamba state block per running sequence: on 24 GB both trees refuse the default
+            # 1,024 sequences at boot (about 312 blocks fit), so users of such cards set max_num_seqs.
+            kw["max_num_seqs"] = 256
     if model.arch == "qwen3_next":
         kw["additional_config"] = {"gdn_prefill_backend": "triton"}
     engine = Engine(model=model, kwargs=kw, workloads=one, env=env)
@@ -435,9 +440,17 @@ SCENARIOS: tuple[Scenario, ...] = (
     _arrivals("4bit_nc", "mtp"),
     # The exact oracle for the graph bug class, on the cases whose forced tolerance is tighter than the
     # verify kernel's own rounding.
-    *(twin(s) for s in (_long_prompts("4bit_nc", 1), _long_prompts("3bit_nc", 3),
-                        _consumer_smem(_long_prompts("3bit_nc", 3)), _arrivals("4bit_nc", "mtp"),
+    *(twin(s) for s in (_long_prompts("4bit_nc", 1), _long_prompts("3bit_nc", 3), _arrivals("4bit_nc", "mtp"),
                         _combined("4bit_nc", "mtp"), _turboquant_llama_workarounds()[1])),
+    # At the consumer tiles a launch has two M tiles, so its split count (4 programs an SM, at most the cap) is
+    # below the cap and differs between the graph's padded batch and the eager one: both right, rounded apart.
+    # A cap of 16 is reached by both, so the twins compute the same sums.
+    twin(_consumer_smem(_long_prompts("3bit_nc", 3)),
+         attention_config={"flash_attn_version": 2, "tq_max_kv_splits_for_cuda_graph": 16}),
+    # The same twin without TurboQuant: what FULL graphs change in a plain decode whatever the attention backend.
+    twin(replace(_turboquant_llama_workarounds()[1], name="e-bf16-decode-graphs", test=_engine(
+        LLAMA6, (Workload("batch4", prompts(LLAMA6.config["vocab_size"])),)),
+        title="Llama 6 layers, bfloat16 KV cache without speculation, FULL_AND_PIECEWISE graphs")),
     *(_default_memory(k, graphs) for k in (3, 8) for graphs in ("FULL_AND_PIECEWISE", "PIECEWISE")),
     *(_memory_at(model, spec, budget) for model, spec in ((LLAMA8B, ngram(3)), (QWEN27B_SHAPED_MTP, mtp(3)))
       for budget in ("defaults", "24gib")),
