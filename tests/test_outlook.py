@@ -282,6 +282,19 @@ def test_series_header_rewritten_for_the_new_release(two_patch_series):
     assert "b8160878f" not in text and "v0.20.0" not in text
 
 
+def test_series_header_keeps_no_half_sentence_of_the_old_pin(two_patch_series):
+    """A sentence naming the old commit that began a line above, after another sentence, goes whole."""
+    pin = load_series(two_patch_series).pin
+    new = dataclasses.replace(pin, version="0.32.0", tag="v0.32.0", commit="5df63a720")
+    old_text = ("# vllm-patch series\n#\n# The pin: what every patch applies to. The commit id is the\n"
+                "# abbreviated one the sdist names (vllm/_version.py: gb8160878f).\n"
+                "#: version = 0.20.0\n#: tag = v0.20.0\n#: commit = b8160878f07fe6aff02deb12bc842df3fa4a9237\n"
+                "#: sdist = x.tar.gz sha256:" + "a" * 64 + "\n#: wheel = x.whl sha256:" + "b" * 64 + "\na.patch\n")
+    text = series_text(old_text, new, ["a.patch"], ["Rebased onto 0.32.0."])
+    assert text.startswith("# vllm-patch series\n#\n# The pin: what every patch applies to.\n#\n"
+                           "# Rebased onto 0.32.0.\n#: version = 0.32.0\n")
+
+
 def test_wheel_build_tags():
     assert _build_tag("vllm-0.20.1-1-cp38-abi3-manylinux_2_35_x86_64.whl") == (1, "")
     assert _build_tag("vllm-0.20.1-cp38-abi3-manylinux_2_35_x86_64.whl") == (-1, "")

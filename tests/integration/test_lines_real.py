@@ -1,11 +1,16 @@
 """Every release line checks against its own pinned release's sdist: the current line (the top-level series,
-vLLM 0.33.0) and the maintained line v0.20 (vLLM 0.20.0), which also applies to the later 0.20.x patch
-releases (the line's users upgrade within it)."""
+vLLM 0.33.0), line v0.32 (the current line's fixes rebased onto 0.32.0) and the maintained line v0.20 (vLLM
+0.20.0), which also applies to the later 0.20.x patch releases (the line's users upgrade within it). A line
+that carries the current line's fixes to an earlier release passes the current line's tests on that release's
+own files."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +22,9 @@ pytestmark = pytest.mark.integration
 
 PROJECT = Path(__file__).resolve().parents[2]
 # The lines CI must check, with the release each is pinned to.
-MAINTAINED = {CURRENT: "0.33.0", "v0.20": "0.20.0"}
+MAINTAINED = {CURRENT: "0.33.0", "v0.32": "0.32.0", "v0.20": "0.20.0"}
+# Lines whose patches are the current line's, rebased: the current line's tests (tests/lines/v0_33) run on them.
+CARRY_THE_CURRENT_LINE = ("v0.32",)
 
 
 def test_the_maintained_lines_are_there_with_their_pins():
@@ -48,9 +55,22 @@ def test_the_v0_20_line_applies_to_the_later_0_20_releases():
         assert set(states.values()) == {"clean"}, (version, states)
 
 
-@pytest.mark.parametrize("version", ["0.20.1", "0.20.2"])
-def test_a_later_0_20_source_tree_gets_line_v0_20_without_force(version, tmp_path):
-    """The releases line v0.20 declares: apply, status and revert choose it by themselves, and revert
+@pytest.mark.parametrize("line", CARRY_THE_CURRENT_LINE)
+def test_the_current_lines_tests_pass_on_the_line_and_fail_on_its_release(line):
+    """The suite reads the line's pinned release and applies the line (tests/lines/v0_33/conftest.py); its
+    obsolete-check tests assert that no patch's behavioural check holds on the release and every one does with
+    the line, the rest that the fixes hold on that release's files."""
+    env = {**os.environ, "VLLM_PATCH_V033_LINE": line}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/lines/v0_33",
+                             "--ignore=tests/lines/v0_33/test_upstream_outlook.py"],
+                            cwd=PROJECT, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout.splitlines()[-1] and " failed" not in result.stdout.splitlines()[-1]
+
+
+@pytest.mark.parametrize(("version", "line"), [("0.20.1", "v0.20"), ("0.20.2", "v0.20"), ("0.32.0", "v0.32")])
+def test_a_release_a_line_covers_gets_it_without_force(version, line, tmp_path):
+    """The releases a line is pinned to or declares: apply, status and revert choose it by themselves, and revert
     restores the tree byte for byte; no line for it was the current line's conflicts before."""
     from helpers import snapshot
     from vllm_patch.infrastructure.downloads import cache_root, fetch, indexed_artifact, unpack_sdist
@@ -60,11 +80,11 @@ def test_a_later_0_20_source_tree_gets_line_v0_20_without_force(version, tmp_pat
     tree = tmp_path / "tree"
     shutil.copytree(source / "vllm", tree / "vllm")
     before = snapshot(tree)
-    names = list(line_named(PROJECT, "v0.20").load().names)
+    names = list(line_named(PROJECT, line).load().names)
     for command, state in (("apply", "applies"), ("status", "applied"), ("revert", "applied")):
         result = run_cli(command, "--target", str(tree), "--json", cwd=PROJECT)
         assert result.returncode == 0, (command, result.stderr)
         data = json.loads(result.stdout)
         assert [(p["name"], p["state"]) for p in data["patches"]] == [(n, state) for n in names], command
-        assert any("release line v0.20" in note for note in data["notes"]), (command, data["notes"])
+        assert any(f"release line {line}" in note for note in data["notes"]), (command, data["notes"])
     assert snapshot(tree) == before

@@ -6,6 +6,10 @@ series applied through the tool. ``$VLLM_PATCH_V033_TREE`` names another tree to
 the pristine tree shows which tests the line makes pass (``$VLLM_PATCH_V033_PRISTINE_TREE`` likewise for the
 release). A patch's ``Obsolete-If: test`` check runs these tests on a newer release's unpatched tree, which
 the tool names in ``$VLLM_PATCH_BASE_UNDER_TEST``: ``v033_tree`` is then that tree.
+
+``$VLLM_PATCH_V033_LINE`` names another line that carries these fixes to an earlier release (``v0.32``): the
+tests then read that line's pinned release and apply that line (tests/integration/test_lines_real.py runs them
+so for every such line).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1] / "kernels"))  # vllm_tree
 
 from vllm_patch.infrastructure.downloads import pinned_base_tree  # noqa: E402
-from vllm_patch.lines import line_for  # noqa: E402
+from vllm_patch.lines import line_for, line_named  # noqa: E402
 from vllm_patch.operations import apply  # noqa: E402
 from vllm_patch.series import Series  # noqa: E402
 from vllm_patch.targets.tree import TreeTarget  # noqa: E402
@@ -37,8 +41,10 @@ VERSION = "0.33.0"
 
 @pytest.fixture(scope="session")
 def v033_series() -> Series:
-    """The series of the line pinned to VERSION (these tests read 0.33.0's files), wherever it lives."""
-    return line_for(PROJECT, VERSION).load()
+    """The series of the line pinned to VERSION (these tests read 0.33.0's files), wherever it lives, or the line
+    $VLLM_PATCH_V033_LINE names."""
+    other = os.environ.get("VLLM_PATCH_V033_LINE")
+    return line_named(PROJECT, other).load() if other else line_for(PROJECT, VERSION).load()
 
 
 @pytest.fixture(scope="session")

@@ -37,7 +37,7 @@ def test_every_patch_judges_by_behaviour(v033_series):
 def test_still_needed_on_the_release_and_obsolete_where_the_fix_is(v033_series, judges, index):
     patch = v033_series.patches[index]
     on_release = judges["release"].judge(patch)
-    assert on_release is None, f"{patch.name} on 0.33.0: {on_release.describe()}"
+    assert on_release is None, f"{patch.name} on {v033_series.pin.version}: {on_release.describe()}"
     on_line = judges["line"].judge(patch)
     assert on_line is not None and on_line.whole, \
         f"{patch.name} with the line: {on_line.describe() if on_line else 'no part holds'}"

@@ -239,7 +239,7 @@ def series_text(old_text: str, pin: Pin, names: list[str], comment: list[str] | 
     """The series file with the new pin and names, other comment lines kept.
 
     With `comment` (lines without their ``#``), the header comment is rewritten for the
-    new release: the comment lines from the first one that names the old release
+    new release: the comment lines from the paragraph that first names the old release
     (its version, tag or commit) up to the pin are replaced by `comment`."""
     head = [line for line in old_text.splitlines() if line.startswith("#") and not line.startswith("#:")]
     if comment is not None:
@@ -247,14 +247,29 @@ def series_text(old_text: str, pin: Pin, names: list[str], comment: list[str] | 
         patterns = [rf"(?<![\w.]){re.escape(o)}(?!\w|\.\d)" for o in (fields.get("version"), fields.get("tag")) if o]
         if len(fields.get("commit", "")) >= 7:
             patterns.append(re.escape(fields["commit"][:7]))
-        cut = next((i for i, line in enumerate(head) if any(re.search(p, line) for p in patterns)), len(head))
-        head = head[:cut]
+        head = _before_pin(head, patterns)
         while head and head[-1].strip() == "#":
             head.pop()
         if head:
             head.append("#")
         head += [f"# {line}".rstrip() for line in comment]
     return "\n".join([*head, *pin_lines(pin), *names]) + "\n"
+
+
+def _before_pin(head: list[str], patterns: list[str]) -> list[str]:
+    """The header comment up to where the first sentence naming the old pin begins: that sentence may
+    start a line or two above the line that names it, or after another sentence on the same line."""
+    cut = next((i for i, line in enumerate(head) if any(re.search(p, line) for p in patterns)), len(head))
+    if cut == len(head):
+        return head
+    start = cut
+    while start > 0 and head[start - 1].strip() != "#" and not head[start - 1].rstrip().endswith((".", ":")):
+        start -= 1
+    first = head[start]
+    if start == cut:
+        first = first[:min(m.start() for p in patterns if (m := re.search(p, first)))]
+    end = first.rfind(". ")
+    return head[:start] + ([first[:end + 1]] if end > 1 else [])
 
 
 def pin_comment(old: Pin, pin: Pin, source: str, notes: list[str]) -> list[str]:
