@@ -156,6 +156,37 @@ def test_twin_oracle_names_the_first_difference_before_the_tokens_part():
     assert j.workloads[0].max_logprob_diff == pytest.approx(0.25)
 
 
+def test_twin_oracle_with_a_control_allows_what_graphs_change_by_themselves():
+    def differing_at(first):
+        out = twin_result()
+        lps = out["workloads"]["w"]["logprobs"]
+        for prompt, index in enumerate(first):
+            if index is not None:
+                lps[prompt][index] += 0.01
+        return out
+    control = (differing_at([None, 5]), twin_result())
+    # Where the control differs, or later: what FULL graphs change without the backend under test.
+    for first in ([None, 5], [None, 9], [None, None]):
+        j = report.judge("s", "t", differing_at(first), twin_result(), oracle="twin", control=control)
+        assert j.verdict == "pass", (first, j.detail)
+    # Earlier than the control, or where it does not differ at all.
+    for first in ([None, 4], [3, 5]):
+        j = report.judge("s", "t", differing_at(first), twin_result(), oracle="twin", control=control)
+        assert j.verdict == "diverged" and "before the control" in j.detail, first
+    crashed = ({"booted": False, "failure": "x"}, twin_result())
+    assert report.judge("s", "t", twin_result(), twin_result(), oracle="twin", control=crashed).verdict == "invalid"
+
+
+def test_the_decode_graph_twin_is_judged_against_its_control():
+    s = BY_NAME["t-tq-k8v4-decode-graphs"]
+    control_test, control_ref = s.control
+    twin_control = BY_NAME["t-bf16-decode-graphs"]
+    assert (control_test, control_ref) == (twin_control.test, twin_control.reference)
+    assert "kv_cache_dtype" not in control_test.kwargs
+    assert {k: v for k, v in s.test.kwargs.items() if k != "kv_cache_dtype"} == control_test.kwargs
+    assert control_test in s.engines() and control_ref in s.engines()
+
+
 def test_twin_oracle_without_logprobs_is_invalid():
     assert report.judge("s", "t", result(), twin_result(), oracle="twin").verdict == "invalid"
 

@@ -114,7 +114,9 @@ def _teacher(got: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
 
 
 def judge(scenario: str, tree: str, test: dict[str, Any], reference: dict[str, Any],
-          oracle: str = "tokens") -> Judgement:
+          oracle: str = "tokens", control: tuple[dict[str, Any], dict[str, Any]] | None = None) -> Judgement:
+    """`control` (oracle `twin`): the results of the control twin (test, reference), the same engine without the
+    backend under test, where FULL graphs may change a decode by themselves."""
     def verdict(v: str, detail: str, workloads: list[WorkloadJudgement] | None = None) -> Judgement:
         return Judgement(scenario, tree, v, detail, workloads or [], _summary(test), _summary(reference))
 
@@ -146,7 +148,7 @@ def judge(scenario: str, tree: str, test: dict[str, Any], reference: dict[str, A
     if oracle == "teacher":
         return _judge_teacher(verdict, judged)
     if oracle == "twin":
-        return _judge_twin(verdict, judged, test, reference)
+        return _judge_twin(verdict, judged, test, reference, control)
     bad = [w for w in judged if not w.match]
     if bad:
         parts = [f"{w.name}: first mismatch per prompt {w.first_mismatch}" for w in bad]
@@ -176,17 +178,46 @@ def _logprob_mismatch(got: list[int], got_lp: list[float | None], want: list[int
     return (None if same else n), largest
 
 
-def _judge_twin(verdict, judged: list[WorkloadJudgement], test: dict[str, Any],
-                reference: dict[str, Any]) -> Judgement:
-    """Oracle `twin`: the engine must reproduce its own PIECEWISE run bit for bit, tokens and logprobs."""
+def _first_differences(test: dict[str, Any], reference: dict[str, Any],
+                       name: str) -> list[tuple[int | None, float]] | None:
+    """Per prompt of a workload: where two runs' logprobs first differ, and by how much (None: none recorded)."""
+    got, ref = test["workloads"].get(name, {}), reference["workloads"].get(name, {})
+    if "logprobs" not in got or "logprobs" not in ref:
+        return None
+    found = [_logprob_mismatch(g, gl, r, rl) for g, gl, r, rl in
+             zip(got["tokens"], got["logprobs"], ref["tokens"], ref["logprobs"], strict=False)]
+    return found + [(0, 0.0)] * (len(ref["tokens"]) - len(found))
+
+
+def _judge_twin(verdict, judged: list[WorkloadJudgement], test: dict[str, Any], reference: dict[str, Any],
+                control: tuple[dict[str, Any], dict[str, Any]] | None = None) -> Judgement:
+    """Oracle `twin`: the engine must reproduce its own PIECEWISE run bit for bit, tokens and logprobs. With a
+    control (the same engine without the backend under test), a prompt may first differ no earlier than the
+    control's does: what FULL graphs change by themselves is not the backend's, and after the first difference
+    the two runs compute other numbers, so nothing later is compared."""
     for w in judged:
-        got, ref = test["workloads"].get(w.name, {}), reference["workloads"][w.name]
-        if "logprobs" not in got or "logprobs" not in ref:
+        found = _first_differences(test, reference, w.name)
+        if found is None:
             return verdict("invalid", f"{w.name}: no logprobs recorded", judged)
-        found = [_logprob_mismatch(g, gl, r, rl) for g, gl, r, rl in
-                 zip(got["tokens"], got["logprobs"], ref["tokens"], ref["logprobs"], strict=False)]
-        w.logprob_mismatch = [f for f, _ in found] + [0] * (len(ref["tokens"]) - len(found))
+        w.logprob_mismatch = [f for f, _ in found]
         w.max_logprob_diff = max((d for _, d in found), default=0.0)
+    if control is not None:
+        if not all(r.get("booted") and not r.get("error") for r in control):
+            return verdict("invalid", "the control crashed", judged)
+        early = []
+        for w in judged:
+            base = _first_differences(*control, w.name)
+            if base is None:
+                return verdict("invalid", f"{w.name}: the control recorded no logprobs", judged)
+            if any(m is not None and (b is None or m < b) for m, (b, _) in zip(w.logprob_mismatch, base,
+                                                                              strict=False)):
+                early.append(f"{w.name}: first logprob differing per prompt {w.logprob_mismatch}, the control's "
+                             f"{[b for b, _ in base]}")
+        if early:
+            return verdict("diverged", "differs from PIECEWISE before the control does: " + "; ".join(early), judged)
+        firsts = {w.name: w.logprob_mismatch for w in judged}
+        return verdict("pass", f"differs from PIECEWISE nowhere before the same engine without it does (first "
+                               f"logprob differing per prompt: {firsts})", judged)
     bad = [w for w in judged if not w.match or any(m is not None for m in w.logprob_mismatch or [])]
     if bad:
         parts = [f"{w.name}: first logprob differing per prompt {w.logprob_mismatch} (largest difference "

@@ -150,7 +150,7 @@ def run(scenarios: list[Scenario], trees: dict[str, Path], work: Path, extra_pat
     are reused unless fresh. Free-running engines run first, then the forced ones, which need the
     tokens of the engines they follow."""
     models = work / "models"
-    engines = {engine_digest(e): e for s in scenarios for e in (s.test, s.reference, s.calibration)
+    engines = {engine_digest(e): e for s in scenarios for e in s.engines()
                if e is not None and not e.force}
     pairs = _forced_pairs(scenarios)
     dirs = {e.model.name: build(e.model, models)
@@ -212,7 +212,12 @@ def judge_all(scenarios: list[Scenario], results: dict[str, dict[str, dict[str, 
             if scenario.oracle == "memory":
                 out.append(report.judge_memory(scenario.name, label, test))
                 continue
-            out.append(report.judge(scenario.name, label, test, ref, oracle=scenario.oracle))
+            control = None
+            if scenario.control is not None:
+                control = tuple(by_digest.get(engine_digest(e)) for e in scenario.control)
+                if None in control:
+                    continue
+            out.append(report.judge(scenario.name, label, test, ref, oracle=scenario.oracle, control=control))
     return out
 
 
@@ -221,7 +226,7 @@ def load(scenarios: list[Scenario], trees: dict[str, Path], work: Path) -> dict[
     results: dict[str, dict[str, dict[str, Any]]] = {label: {} for label in trees}
     for label in trees:
         for scenario in scenarios:
-            digests = [engine_digest(e) for e in (scenario.test, scenario.reference, scenario.calibration)
+            digests = [engine_digest(e) for e in scenario.engines()
                        if e is not None]
             digests += [forced_digest(f, t) for f, t in _forced_pairs([scenario])]
             for digest in digests:

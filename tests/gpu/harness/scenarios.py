@@ -87,6 +87,13 @@ class Scenario:
     # rounding from a small error (see twin()).
     oracle: str = "tokens"
     calibration: Engine | None = None
+    # Oracle "twin": the (test, reference) pair of the same twin without the backend under test, where FULL
+    # graphs change a decode by themselves (see report._judge_twin).
+    control: tuple[Engine, Engine] | None = None
+
+    def engines(self) -> tuple[Engine, ...]:
+        """Every free-running engine the scenario needs (forced decodes apart)."""
+        return tuple(e for e in (self.test, self.reference, self.calibration, *(self.control or ())) if e is not None)
 
 
 def _prompt(seed: int, length: int, vocab: int, period: int | None = None) -> tuple[int, ...]:
@@ -346,6 +353,13 @@ def twin(base: Scenario, **both: Any) -> Scenario:
                    test=test, reference=replace(test, kwargs=piecewise), calibration=None, oracle="twin")
 
 
+# The twin of scenario e without TurboQuant: what FULL graphs change in a plain decode whatever the attention backend.
+_DECODE_GRAPHS_CONTROL = twin(replace(
+    _turboquant_llama_workarounds()[1], name="e-bf16-decode-graphs",
+    test=_engine(LLAMA6, (Workload("batch4", prompts(LLAMA6.config["vocab_size"])),)),
+    title="Llama 6 layers, bfloat16 KV cache without speculation, FULL_AND_PIECEWISE graphs"))
+
+
 def _default_memory(k: int | None, graphs: str) -> Scenario:
     """KV cache capacity at vLLM's default memory settings (gpu_memory_utilization, max_num_seqs,
     max_num_batched_tokens left unset) on a 28-layer model with 24 TurboQuant layers: the decode
@@ -441,16 +455,17 @@ SCENARIOS: tuple[Scenario, ...] = (
     # The exact oracle for the graph bug class, on the cases whose forced tolerance is tighter than the
     # verify kernel's own rounding.
     *(twin(s) for s in (_long_prompts("4bit_nc", 1), _long_prompts("3bit_nc", 3), _arrivals("4bit_nc", "mtp"),
-                        _combined("4bit_nc", "mtp"), _turboquant_llama_workarounds()[1])),
+                        _combined("4bit_nc", "mtp"))),
+    # Plain decode graphs differ from PIECEWISE on Llama whatever the KV cache (vLLM's graphs, not TurboQuant's
+    # route): judged against the same twin with a bfloat16 cache.
+    replace(twin(_turboquant_llama_workarounds()[1]),
+            control=(_DECODE_GRAPHS_CONTROL.test, _DECODE_GRAPHS_CONTROL.reference)),
     # At the consumer tiles a launch has two M tiles, so its split count (4 programs an SM, at most the cap) is
     # below the cap and differs between the graph's padded batch and the eager one: both right, rounded apart.
     # A cap of 16 is reached by both, so the twins compute the same sums.
     twin(_consumer_smem(_long_prompts("3bit_nc", 3)),
          attention_config={"flash_attn_version": 2, "tq_max_kv_splits_for_cuda_graph": 16}),
-    # The same twin without TurboQuant: what FULL graphs change in a plain decode whatever the attention backend.
-    twin(replace(_turboquant_llama_workarounds()[1], name="e-bf16-decode-graphs", test=_engine(
-        LLAMA6, (Workload("batch4", prompts(LLAMA6.config["vocab_size"])),)),
-        title="Llama 6 layers, bfloat16 KV cache without speculation, FULL_AND_PIECEWISE graphs")),
+    _DECODE_GRAPHS_CONTROL,
     *(_default_memory(k, graphs) for k in (3, 8) for graphs in ("FULL_AND_PIECEWISE", "PIECEWISE")),
     *(_memory_at(model, spec, budget) for model, spec in ((LLAMA8B, ngram(3)), (QWEN27B_SHAPED_MTP, mtp(3)))
       for budget in ("defaults", "24gib")),
