@@ -514,6 +514,12 @@ PROBES: tuple[Scenario, ...] = (
     _single_probe("llama-tq", "Llama 6 layers, TurboQuant k8v4", LLAMA6, kv_cache_dtype="turboquant_k8v4"),
     _single_probe("dense-hybrid-tq", "dense Qwen3-Next hybrid, TurboQuant k8v4", QWEN3_NEXT12_DENSE_MTP,
                   kv_cache_dtype="turboquant_k8v4"),
+    # The forced oracle's reading of the release's own correct route: speculation in PIECEWISE, where the release
+    # keeps verify batches out of graphs. How far a right verify path lands from the plain decode.
+    _probe(_long_prompts("3bit_nc", 3), "piecewise", "PIECEWISE graphs",
+           compilation_config={"cudagraph_mode": "PIECEWISE"}),
+    _probe(_arrivals("4bit_nc", "mtp"), "piecewise", "PIECEWISE graphs",
+           compilation_config={"cudagraph_mode": "PIECEWISE"}),
     # The other preset and K of the long-prompt and arrival scenarios.
     replace(_long_prompts("4bit_nc", 3), name="x-hybrid-tq-4bit_nc-mtp3-long"),
     replace(_long_prompts("3bit_nc", 1), name="x-hybrid-tq-3bit_nc-mtp1-long"),
