@@ -268,15 +268,20 @@ def test_merged_result_that_does_not_check_is_a_conflict(tmp_path):
     assert done.step is Step.CONFLICT and done.problems == ["m.py:3: undefined name 'c'"]
 
 
+OLD_PIN = ("#: version = 0.20.0\n#: tag = v0.20.0\n#: commit = b8160878f07fe6aff02deb12bc842df3fa4a9237\n"
+           "#: sdist = x.tar.gz sha256:" + "a" * 64 + "\n#: wheel = x.whl sha256:" + "b" * 64 + "\na.patch\n")
+
+
+def _rewritten(series_dir, comment: str, version: str, new_comment: list[str]) -> str:
+    """series_text of a series pinned to 0.20.0 whose header comment is `comment`, rebased onto `version`."""
+    new = dataclasses.replace(load_series(series_dir).pin, version=version, tag=f"v{version}", commit="9da56fd18")
+    return series_text(comment + OLD_PIN, new, ["a.patch"], new_comment)
+
+
 def test_series_header_rewritten_for_the_new_release(two_patch_series):
-    pin = load_series(two_patch_series).pin
-    new = dataclasses.replace(pin, version="0.21.0", tag="v0.21.0", commit="9da56fd18")
-    old_text = ("# vllm-patch series\n#\n# The pin: what every patch applies to.\n"
-                "# The commit id is the one the sdist names (vllm/_version.py: gb8160878f),\n"
-                "# completed from the v0.20.0 tag.\n"
-                "#: version = 0.20.0\n#: tag = v0.20.0\n#: commit = b8160878f07fe6aff02deb12bc842df3fa4a9237\n"
-                "#: sdist = x.tar.gz sha256:" + "a" * 64 + "\n#: wheel = x.whl sha256:" + "b" * 64 + "\na.patch\n")
-    text = series_text(old_text, new, ["a.patch"], ["Rebased onto 0.21.0.", "Commit: short id."])
+    text = _rewritten(two_patch_series, "# vllm-patch series\n#\n# The pin: what every patch applies to.\n"
+                      "# The commit id is the one the sdist names (vllm/_version.py: gb8160878f),\n"
+                      "# completed from the v0.20.0 tag.\n", "0.21.0", ["Rebased onto 0.21.0.", "Commit: short id."])
     assert text.startswith("# vllm-patch series\n#\n# The pin: what every patch applies to.\n#\n"
                            "# Rebased onto 0.21.0.\n# Commit: short id.\n#: version = 0.21.0\n")
     assert "b8160878f" not in text and "v0.20.0" not in text
@@ -284,13 +289,9 @@ def test_series_header_rewritten_for_the_new_release(two_patch_series):
 
 def test_series_header_keeps_no_half_sentence_of_the_old_pin(two_patch_series):
     """A sentence naming the old commit that began a line above, after another sentence, goes whole."""
-    pin = load_series(two_patch_series).pin
-    new = dataclasses.replace(pin, version="0.32.0", tag="v0.32.0", commit="5df63a720")
-    old_text = ("# vllm-patch series\n#\n# The pin: what every patch applies to. The commit id is the\n"
-                "# abbreviated one the sdist names (vllm/_version.py: gb8160878f).\n"
-                "#: version = 0.20.0\n#: tag = v0.20.0\n#: commit = b8160878f07fe6aff02deb12bc842df3fa4a9237\n"
-                "#: sdist = x.tar.gz sha256:" + "a" * 64 + "\n#: wheel = x.whl sha256:" + "b" * 64 + "\na.patch\n")
-    text = series_text(old_text, new, ["a.patch"], ["Rebased onto 0.32.0."])
+    text = _rewritten(two_patch_series, "# vllm-patch series\n#\n# The pin: what every patch applies to. The "
+                      "commit id is the\n# abbreviated one the sdist names (vllm/_version.py: gb8160878f).\n",
+                      "0.32.0", ["Rebased onto 0.32.0."])
     assert text.startswith("# vllm-patch series\n#\n# The pin: what every patch applies to.\n#\n"
                            "# Rebased onto 0.32.0.\n#: version = 0.32.0\n")
 
