@@ -451,6 +451,10 @@ SCENARIOS: tuple[Scenario, ...] = (
     _long_prompts("4bit_nc", 1),
     _long_prompts("3bit_nc", 3),
     _consumer_smem(_long_prompts("3bit_nc", 3)),
+    # The users' configuration at once and preemption, on the tiles of a consumer GPU.
+    _consumer_smem(_combined("k8v4", "mtp")),
+    _consumer_smem(_combined("4bit_nc", "mtp")),
+    _consumer_smem(_preemption("mtp")),
     _arrivals("4bit_nc", "mtp"),
     # The exact oracle for the graph bug class, on the cases whose forced tolerance is tighter than the
     # verify kernel's own rounding.
