@@ -33,7 +33,7 @@ def data(setup_module) -> list[dict]:
 
 def test_data_is_the_tools_reading_of_every_line(data):
     lines = lines_of(PROJECT)
-    assert [d["name"] for d in data] == [line.name for line in lines] == ["current", "v0.20"]
+    assert [d["name"] for d in data] == [line.name for line in lines] == ["current", "v0.20", "v0.32"]
     for entry, line in zip(data, lines, strict=True):
         series = line.load()
         assert entry["version"] == series.pin.version
@@ -41,6 +41,12 @@ def test_data_is_the_tools_reading_of_every_line(data):
         assert entry["commit"] == series.pin.commit
         assert entry["digest"] == series.digest
         assert [tuple(p) for p in entry["patches"]] == [(p.name, p.sha256) for p in series.patches]
+
+
+def test_each_covered_release_finds_its_line(guard, data):
+    assert {v: guard.line_for(v, data)["name"] for v in ("0.33.0", "0.32.0", "0.20.0", "0.20.2")} == {
+        "0.33.0": "current", "0.32.0": "v0.32", "0.20.0": "v0.20", "0.20.2": "v0.20"}
+    assert guard.line_for("0.27.1", data) is None
 
 
 def test_data_follows_the_series_it_is_built_from(setup_module, tmp_path):
