@@ -120,8 +120,8 @@ stack_env() {
     echo "export TRITON_CACHE_DIR=${STACK_TRITON_CACHE_DIR:-$dir/cache/triton}"
     echo "export VLLM_CACHE_ROOT=${STACK_VLLM_CACHE_ROOT:-$dir/cache/vllm}"
     echo "export TORCHINDUCTOR_CACHE_DIR=${STACK_INDUCTOR_CACHE_DIR:-$dir/cache/inductor}"
-    # cuDNN stays the host's (9.19) unless it travelled: torch 2.14 (built with 9.24) would refuse it at first
-    # use. An LLM with FlashAttention 2 uses no cuDNN; see stack_bundle.py.
+    # cuDNN stays the host's (9.19) unless it travelled: the line's torch (2.14 built with 9.24, 2.13 with 9.20) would
+    # refuse it at first use. An LLM with FlashAttention 2 uses no cuDNN; see stack_bundle.py.
     if ! grep -q '"cudnn_travels": true' "$dir/prefix/manifest.json"; then
         echo "export PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK=1"
     fi

@@ -1,16 +1,18 @@
 """Make the offline "stack bundle" of a release line whose vLLM needs a newer torch than the GPU host has.
 
 The host has CUDA torch 2.11 and triton 3.6 (vLLM 0.20's stack); vLLM 0.33 pins torch 2.14.0, which needs triton
-3.8. The bundle carries a whole private site dir, unpacked here from the wheels (slimmed) so the host needs neither
-pip nor xz: torch and triton, the nvidia-* libraries torch 2.14 pins that the host's (torch 2.11's pins) cannot
-stand in for, the line's pinned vLLM wheel (slimmed as tests/gpu/bundle.py does, and more), and the pure-Python
-packages the line needs newer than the host's. One tar, cut at the components' borders into separately
-xz-compressed streams (so the manifest gives each component's compressed size), split into parts of at most
-60 MiB in out/p01, out/p02, ...; every part folder holds the manifest (sha256 of the archive and of each part).
-`tests/gpu/stack.sh` stages, checks and unpacks it there into a prefix of its own, never touching the host's torch.
+3.8, and vLLM 0.32 torch 2.13.0, which needs triton 3.7.1. The bundle carries a whole private site dir, unpacked
+here from the wheels (slimmed) so the host needs neither pip nor xz: torch and triton, the nvidia-* libraries the
+line's torch pins that the host's (torch 2.11's pins) cannot stand in for, the line's pinned vLLM wheel (slimmed as
+tests/gpu/bundle.py does, and more), and the pure-Python packages the line needs newer than the host's. One tar, cut
+at the components' borders into separately xz-compressed streams (so the manifest gives each component's compressed
+size), split into parts of at most 60 MiB in out/p01, out/p02, ...; every part folder holds the manifest (sha256 of
+the archive and of each part). `tests/gpu/stack.sh` stages, checks and unpacks it there into a prefix of its own,
+never touching the host's torch.
 
     python tests/gpu/stack_bundle.py --line current                # .gpu/v0.33/p01 ...
     python tests/gpu/stack_bundle.py --line v0.33 --with cudnn     # the same line; also ship cuDNN 9.24 (~9 parts more)
+    python tests/gpu/stack_bundle.py --line v0.32                  # lines/v0.32: .gpu/v0.32/p01 ...
 
 --line is `current` (the top-level series, pinned to vLLM 0.33.0 now), a folder of lines/, or vX.Y: the line pinned
 to vLLM X.Y wherever it lives. A stack is named after its line's release (v0.33), whichever line that is now: the
@@ -24,7 +26,15 @@ What travels, and why (v0.33; figures from the wheels' METADATA and their ELF sy
   check (runtime minor >= compile minor) runs only when cuDNN is used (convolutions, cuDNN SDPA), which an LLM with
   FlashAttention 2 does not; stack.sh sets PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK=1 unless cuDNN travels (--with).
 - the rest of torch 2.14's pins (cuda-toolkit 13.0.3: runtime, nvrtc, cufft, curand, cusolver, cusparse, cupti,
-  cufile, nvjitlink, nvtx; nvshmem 3.4.5; cuda-bindings) are the versions torch 2.11 pins, already on the host.
+  cufile, nvjitlink, nvtx; nvshmem 3.4.5; cuda-bindings) are the versions torch 2.11 pins (its cuda-toolkit 13.0.2
+  differs from 13.0.3 only in cuBLAS), already on the host.
+
+v0.32 (torch 2.13.0+cu130, triton 3.7.1), the same way:
+- NCCL 2.29.7: libtorch_cuda.so 2.13 needs 8 functions NCCL 2.28.9 lacks (ncclCommSuspend, ncclCommResume,
+  ncclCommMemStats, ncclPutSignal, ncclSignal, ncclWaitSignal, ...), unversioned and strong, as for v0.33.
+- not cuBLAS 13.1.1.3, cuSPARSELt 0.8.1, cuDNN 9.20 (host 9.19): the 177 cuBLAS, 16 cuSPARSELt and 84 cuDNN symbols
+  torch 2.13's libraries take are all in the host's; cuDNN's check as for v0.33 (--with cudnn ships 9.20).
+- the rest of torch 2.13's pins are torch 2.14's: cuda-toolkit 13.0.3, nvshmem 3.4.5, cuda-bindings.
 """
 
 from __future__ import annotations
@@ -54,7 +64,8 @@ DROPPED_ALWAYS_DIRS = ("nvidia/nccl/include/", "nvidia/cudnn/include/", "nvidia/
                        "nvidia/cusparselt/include/")
 # torch: C++ headers and CMake files (for building extensions; vLLM's come compiled, and inductor's Triton code
 # for CUDA graphs needs no C++ compiler), protoc (a build tool).
-TORCH_DROPPED = ("torch/include/", "torch/share/", "torch/bin/protoc", "torch/bin/protoc-3.21.12.0")
+TORCH_DROPPED = ("torch/include/", "torch/share/", "torch/bin/protoc", "torch/bin/protoc-3.21.12.0",
+                 "torch/bin/protoc-3.13.0.0")  # its versioned copy: 3.21.12.0 in torch 2.14, 3.13.0.0 in 2.13
 # triton: Blackwell-only ptxas and CUPTI (sm_100+; the H100 is sm_90 and takes bin/ptxas), the disassemblers
 # (triton.tools.disasm only), the test libraries and FileCheck (lit tests).
 TRITON_DROPPED = ("triton/backends/nvidia/bin/ptxas-blackwell", "triton/backends/nvidia/bin/cuobjdump",
@@ -81,8 +92,9 @@ class Line:
 # vLLM 0.33.0's Requires-Dist raised above vLLM 0.20's (or new), resolved together with tests/gpu/bundle.py's
 # VLLM_DEPS (which 0.33 still imports) for cp312 manylinux; left out: numpy and opencv-python-headless (the same
 # requirement in 0.20 and 0.33: the host's serve, and numpy is bound to the host's numba), torch, triton and the
-# nvidia/cuda wheels (their own components), and the GPU kernel packages vLLM imports only when asked (flashinfer,
-# tilelang, cutlass-dsl, quack, humming, tokenspeed-mla, torchcodec, PyNvVideoCodec, fastsafetensors, instanttensor).
+# nvidia/cuda wheels (their own components), torch's own requirements (sympy, networkx, jinja2: the host's), extras
+# (fastapi[standard]), and the GPU packages vLLM imports only when asked (flashinfer, tilelang, cutlass-dsl, quack,
+# humming, tokenspeed-mla, torchcodec, PyNvVideoCodec, fastsafetensors, instanttensor, nvtx).
 # torchvision 0.29.0 (torch 2.14's) travels so that a host torchvision built for 2.11 is never imported with 2.14.
 V033_DEPS = (
     "aiohappyeyeballs==2.7.1", "aiohttp==3.14.5", "aiosignal==1.4.0", "annotated-doc==0.0.7", "annotated-types==0.8.0",
@@ -108,7 +120,22 @@ V033_DEPS = (
     "xgrammar==0.2.8", "yarl==1.25.1",
 )
 
+# vLLM 0.32.0's, made the same way, with V033_DEPS's versions wherever 0.32's Requires-Dist allows them (one
+# snapshot for both stacks). It differs only in transformers (0.32: < 5.20.0), torchvision (0.28.0, torch 2.13's) and
+# orjson (0.33 requires it; 0.32 imports it only in the hf3fs KV connector).
+V033_ONLY = ("orjson==3.13.0", "transformers==5.20.2", "torchvision==0.29.0")
+V032_DEPS = tuple(sorted(({*V033_DEPS} - {*V033_ONLY}) | {"transformers==5.19.0", "torchvision==0.28.0"},
+                         key=lambda spec: spec.split("==")[0].lower()))
+
 LINES = {
+    "v0.32": Line(
+        torch="torch==2.13.0", triton="triton==3.7.1",
+        nvidia=("nvidia-nccl-cu13==2.29.7",),
+        optional={"cudnn": "nvidia-cudnn-cu13==9.20.0.48", "cublas": "nvidia-cublas==13.1.1.3",
+                  "cusparselt": "nvidia-cusparselt-cu13==0.8.1"},
+        deps=V032_DEPS,
+        why={"nvidia-nccl-cu13": "libtorch_cuda.so needs 8 symbols NCCL 2.28.9 lacks (ncclCommSuspend, ...)"},
+    ),
     "v0.33": Line(
         torch="torch==2.14.0", triton="triton==3.8.0",
         nvidia=("nvidia-nccl-cu13==2.30.7",),
@@ -283,7 +310,7 @@ def main() -> int:
                         "or vX.Y (the line pinned to vLLM X.Y); stacks: " + ", ".join(sorted(LINES)))
     parser.add_argument("--out", type=Path, help="default .gpu/vX.Y (the line's release)")
     parser.add_argument("--with", dest="extras", default="", help="comma-separated: " + ", ".join(
-        sorted(LINES["v0.33"].optional)) + " (nvidia libraries that need not travel)")
+        sorted({e for line in LINES.values() for e in line.optional})) + " (nvidia libraries that need not travel)")
     parser.add_argument("--level", type=int, default=6, choices=range(0, 10), help="xz preset (default 6)")
     parser.add_argument("--work", type=Path, help="scratch folder (default a temporary one in /tmp)")
     args = parser.parse_args()
