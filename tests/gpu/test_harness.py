@@ -86,6 +86,12 @@ def test_markdown_and_json_carry_every_judgement():
 def test_select_by_prefix_and_unknown_name():
     assert [s.name for s in select("a")] == [s.name for s in SCENARIOS if s.name.startswith("a-")]
     assert select(None) == list(SCENARIOS)
+    assert [s.name for s in select("f-hybrid-tq-k8v4-mtp3-bfloat16")] == [
+        "f-hybrid-tq-k8v4-mtp3-bfloat16", "f-hybrid-tq-k8v4-mtp3-bfloat16-99KiB"]
+    assert [s.name for s in select("=f-hybrid-tq-k8v4-mtp3-bfloat16,=g-hybrid-preempt-mtp3")] == [
+        "f-hybrid-tq-k8v4-mtp3-bfloat16", "g-hybrid-preempt-mtp3"]
+    with pytest.raises(ValueError):
+        select("=f-hybrid")
     with pytest.raises(ValueError, match="no scenario named"):
         select("zz")
 

@@ -534,12 +534,16 @@ BY_NAME = {s.name: s for s in (*SCENARIOS, *PROBES)}
 
 
 def select(names: str | None) -> list[Scenario]:
-    """Scenarios by comma-separated names or name prefixes (`a` selects both a-* scenarios)."""
+    """Scenarios by comma-separated names or name prefixes (`a` selects both a-* scenarios); `=NAME` selects
+    that scenario alone (`f-x` also selects its variants, such as `f-x-99KiB`)."""
     if not names:
         return list(SCENARIOS)
     chosen: list[Scenario] = []
-    for word in names.split(","):
-        hits = [s for s in BY_NAME.values() if s.name == word or s.name.startswith(word.strip() + "-")]
+    for word in (w.strip() for w in names.split(",")):
+        if word.startswith("="):
+            hits = [BY_NAME[word[1:]]] if word[1:] in BY_NAME else []
+        else:
+            hits = [s for s in BY_NAME.values() if s.name == word or s.name.startswith(word + "-")]
         if not hits:
             raise ValueError(f"no scenario named {word!r}; known: {', '.join(BY_NAME)}")
         chosen.extend(h for h in hits if h not in chosen)
