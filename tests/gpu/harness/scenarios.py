@@ -483,6 +483,18 @@ def _probe(base: Scenario, suffix: str, title: str, **test_kwargs: Any) -> Scena
                    test=test)
 
 
+def _without_turboquant(s: Scenario) -> Scenario:
+    """A scenario's every engine with vLLM's default KV cache (the model's dtype) instead of TurboQuant."""
+    def plain(e: Engine | None) -> Engine | None:
+        if e is None:
+            return None
+        return replace(e, kwargs={k: v for k, v in e.kwargs.items() if k != "kv_cache_dtype"})
+    preset = s.test.kwargs["kv_cache_dtype"].removeprefix("turboquant_")
+    return replace(s, name=s.name.replace(f"tq-{preset}", "bf16kv"), title=f"{s.title}; bfloat16 KV cache",
+                   test=plain(s.test), reference=plain(s.reference), calibration=plain(s.calibration),
+                   unpatched="", fixed_by=())
+
+
 def _single_probe(name: str, title: str, model: ModelSpec, **kv: Any) -> Scenario:
     """One request, 96 tokens, ngram k=3 vs a plain decode forced along its tokens; no calibration
     (the per-position gaps are what a probe is for)."""
@@ -524,6 +536,12 @@ PROBES: tuple[Scenario, ...] = (
            compilation_config={"cudagraph_mode": "PIECEWISE"}),
     _probe(_arrivals("4bit_nc", "mtp"), "piecewise", "PIECEWISE graphs",
            compilation_config={"cudagraph_mode": "PIECEWISE"}),
+    # The same two without TurboQuant (a bfloat16 KV cache): how far the hybrid's own verify path lands from its
+    # plain decode in mixed batches, TurboQuant aside.
+    _without_turboquant(_probe(_long_prompts("3bit_nc", 3), "piecewise", "PIECEWISE graphs",
+                               compilation_config={"cudagraph_mode": "PIECEWISE"})),
+    _without_turboquant(_probe(_arrivals("4bit_nc", "mtp"), "piecewise", "PIECEWISE graphs",
+                               compilation_config={"cudagraph_mode": "PIECEWISE"})),
     # The other preset and K of the long-prompt and arrival scenarios.
     replace(_long_prompts("4bit_nc", 3), name="x-hybrid-tq-4bit_nc-mtp3-long"),
     replace(_long_prompts("3bit_nc", 1), name="x-hybrid-tq-3bit_nc-mtp1-long"),
