@@ -12,7 +12,7 @@ import pytest
 
 from helpers import build_series, edit, git_repo, run_cli, snapshot, write_tree
 from vllm_patch.errors import InputError, PinMismatch
-from vllm_patch.lines import CURRENT, line_for, line_named, lines_of, project_of
+from vllm_patch.lines import CURRENT, line_for, line_named, lines_of, nearest, project_of
 
 OLD_VERSION_PY = b"__version__ = version = '0.19.1'\n__commit_id__ = commit_id = 'g0123456789'\n"
 OLD_PIN = {"version": "0.19.1", "tag": "v0.19.1", "commit": "0123456789"}
@@ -46,6 +46,10 @@ def test_lines_are_listed_and_picked_by_version(project):
     assert line_for(project, "0.20.0+vp.abc").name == CURRENT
     with pytest.raises(PinMismatch, match=r"there are: current \(vLLM 0.20.0\), v0.19 \(vLLM 0.19.1\)"):
         line_for(project, "0.33.0")
+    assert nearest(project, "0.19.0") == "the nearest release a line covers is 0.19.1 (line v0.19)"
+    assert nearest(project, "0.19.5+local") == ("the nearest releases a line covers are 0.19.1 (line v0.19) and "
+                                                "0.20.0 (line current)")
+    assert nearest(project, None) == nearest(project, "not-a-version") == ""
     with pytest.raises(InputError, match="no release line 'v0.18'"):
         line_named(project, "v0.18")
     with pytest.raises(InputError):
@@ -88,8 +92,9 @@ def test_line_option_and_refusals(project, tree, tmp_path):
     refused = run_cli("--series", str(project), "apply", "--target", str(new_tree))
     assert refused.returncode == 2
     assert refused.stderr.strip().splitlines() == [
-        "error: no release line of this project is pinned to vLLM 0.33.0; there are: current (vLLM 0.20.0), "
-        "v0.19 (vLLM 0.19.1); pass --line NAME --force to use one anyway"]
+        "error: no release line of this project is pinned to vLLM 0.33.0; the nearest release a line covers is "
+        "0.20.0 (line current); there are: current (vLLM 0.20.0), v0.19 (vLLM 0.19.1); pass --line NAME --force "
+        "to use one anyway"]
     assert snapshot(tree) == before
     forced = run_cli("--series", str(project), "apply", "--target", str(new_tree), "--force", "--dry-run",
                      "--json")
@@ -164,9 +169,11 @@ def test_status_on_a_vllm_no_line_covers_says_so_in_one_line(project, tree, tmp_
         result = run_cli("--series", str(project), "status", "--target", str(target))
         assert result.returncode == 2, result.stdout
         assert result.stdout == ""
+        near = {"0.19.2": "the nearest releases a line covers are 0.19.1 (line v0.19) and 0.20.0 (line current)",
+                "0.33.0": "the nearest release a line covers is 0.20.0 (line current)"}[version]
         assert result.stderr.strip().splitlines() == [
-            f"error: no release line of this project is pinned to vLLM {version}; there are: current (vLLM 0.20.0), "
-            "v0.19 (vLLM 0.19.1); pass --line NAME --force to use one anyway"]
+            f"error: no release line of this project is pinned to vLLM {version}; {near}; there are: current "
+            "(vLLM 0.20.0), v0.19 (vLLM 0.19.1); pass --line NAME --force to use one anyway"]
         assert snapshot(target) == before
     # --line still chooses for status (a mismatch is then a note).
     chosen = run_cli("--series", str(project), "--line", "current", "status", "--target", str(tmp_path / "0.33.0"))

@@ -6,8 +6,11 @@ later release its series declares (``#: also = ...``).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
 
 from .engine.patchfile import check_path
 from .errors import InputError, PinMismatch
@@ -83,8 +86,36 @@ def line_for(project: Path, version: str | None) -> Line:
     if unreadable:
         raise InputError(f"cannot choose a release line for vLLM {version or '(unknown version)'}: "
                          f"{unreadable[0].message}")
+    near = nearest(project, version)
     raise PinMismatch(f"no release line of this project is pinned to vLLM {version or '(unknown version)'}; "
-                      f"there are: {describe(project)}; pass --line NAME --force to use one anyway")
+                      + (f"{near}; " if near else "")
+                      + f"there are: {describe(project)}; pass --line NAME --force to use one anyway")
+
+
+def nearest(project: Path, version: str | None) -> str:
+    """What a user of an uncovered release can move to: the covered releases just below and just above
+    `version`, each with its line ("" when `version` is unknown or not a version)."""
+    try:
+        wanted = Version(version or "")
+    except InvalidVersion:
+        return ""
+    covered: list[tuple[Version, str, str]] = []
+    for line in lines_of(project):
+        try:
+            releases = line.load().pin.releases
+        except InputError:
+            continue
+        for release in releases:
+            with contextlib.suppress(InvalidVersion):
+                covered.append((Version(release), release, line.name))
+    below = max((c for c in covered if c[0] < wanted), default=None)
+    above = min((c for c in covered if c[0] > wanted), default=None)
+    picks = [f"{c[1]} (line {c[2]})" for c in (below, above) if c is not None]
+    if not picks:
+        return ""
+    if len(picks) == 1:
+        return f"the nearest release a line covers is {picks[0]}"
+    return f"the nearest releases a line covers are {picks[0]} and {picks[1]}"
 
 
 def choose_line(project: Path, version: str | None, name: str | None = None,
