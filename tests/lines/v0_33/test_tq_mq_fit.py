@@ -146,7 +146,8 @@ HQ, HK = 24, 4
 
 
 def _config(num_spec, max_num_seqs=8, max_num_batched_tokens=64):
-    return tq_harness.vllm_config(num_spec, HQ, max_num_seqs, 4, max_num_batched_tokens, dtype=torch.bfloat16)
+    return tq_harness.vllm_config(num_spec, HQ, max_num_seqs, 4, max_num_batched_tokens, dtype=torch.bfloat16,
+                                  cache_dtype="turboquant_4bit_nc")  # _spec()'s preset
 
 
 def _spec(preset="4bit_nc", head_size=256):
@@ -263,7 +264,8 @@ def test_workspace_covers_the_widest_layer_and_at_most_the_token_budget(mq, on_a
     builder = tq.TurboQuantAttentionBackend.get_builder_cls()
     max_reqs, max_tokens, splits = 32, 64, 16
     rows = 64  # min(32 * 4, 64)
-    config = tq_harness.vllm_config(3, HQ, max_reqs, splits, max_tokens, dtype=torch.bfloat16)
+    config = tq_harness.vllm_config(3, HQ, max_reqs, splits, max_tokens, dtype=torch.bfloat16,
+                                    cache_dtype="turboquant_4bit_nc")
     builder(_spec(), ["target", "drafter"], config, "cpu")
     calls = _scratch_calls(reserved, 32, 256)
     assert len(calls) == 1, reserved
@@ -283,7 +285,7 @@ def test_layers_reserve_their_scratch_when_built(mq, v033_tree, workspace, monke
     the kernel off, reserves nothing."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    config = tq_harness.vllm_config(3, HQ, 256, 32, 8192, dtype=torch.bfloat16)
+    config = tq_harness.vllm_config(3, HQ, 256, 32, 8192, dtype=torch.bfloat16, cache_dtype="turboquant_4bit_nc")
     tq = tq_harness.load_backend(v033_tree, config)
     reserved = workspace(tq)
     tq.TurboQuantAttentionImpl(HQ, 256, 1 / 16, num_kv_heads=HK, kv_cache_dtype="turboquant_4bit_nc")

@@ -222,14 +222,15 @@ def test_graph_support_and_reorder_threshold(mods):
     tq, uq, _ = mods
     cg = tq.AttentionCGSupport
     tq_builder = tq.TurboQuantAttentionBackend.get_builder_cls()
-    uq_builder = uq.UltraQuantAttentionBackend.get_builder_cls()
+    builders = [("TurboQuant", tq_builder, 128), ("TurboQuant", tq_builder, 512)]
+    if uq is not None:  # 0.27.1 has no UltraQuant
+        builders.append(("UltraQuant", uq.UltraQuantAttentionBackend.get_builder_cls(), 128))
     for num_spec in (3, 1, None):
         cfg = _config(num_spec)
         k1 = 1 + (num_spec or 0)
         q_lens, seq_lens = [k1, k1, k1, 0], [k1 + 5, k1 + 9, k1 + 2, 0]
         common = _common(tq, q_lens, seq_lens, torch.zeros(4, 4, dtype=torch.int32))
-        for name, builder_cls, head in (("TurboQuant", tq_builder, 128), ("TurboQuant", tq_builder, 512),
-                                        ("UltraQuant", uq_builder, 128)):
+        for name, builder_cls, head in builders:
             support = builder_cls.get_cudagraph_support(cfg, _spec(head))
             builder = builder_cls(_spec(head), ["l"], cfg, "cpu")
             meta = builder.build(0, common)
@@ -312,7 +313,8 @@ def test_builder_routes_uniform_decodes_to_the_kernel_and_the_rest_to_the_loop(m
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
 
 
-def test_ultraquant_keeps_the_per_request_loop(mods):
+def test_ultraquant_keeps_the_per_request_loop(mods, v033_tree):
+    tq_harness.skip_without_ultraquant(v033_tree)
     tq, uq, rec = mods
     q_lens, ctx = [4, 4], [5, 9]
     kv, table, seq_lens, query, ref = _float_case(q_lens, ctx)

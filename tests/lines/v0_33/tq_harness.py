@@ -40,6 +40,7 @@ from types import ModuleType, SimpleNamespace
 from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
+import pytest
 import torch
 
 import vllm_tree
@@ -62,6 +63,26 @@ def tree_class(tree: Path, relpath: str, name: str, **scope) -> Any:
     ns: dict[str, Any] = dict(scope)
     exec(compile(ast.Module(body=[found], type_ignores=[]), str(path), "exec"), ns)
     return ns[found.name]
+
+
+def tree_defines(tree: Path, relpath: str, name: str) -> bool:
+    """Whether a tree file defines a top-level class or function ``name`` (0.27 has no
+    ``max_decode_query_len``)."""
+    path = tree / relpath
+    return any(isinstance(n, (ast.ClassDef, ast.FunctionDef)) and n.name == name
+               for n in ast.parse(path.read_text(), str(path)).body)
+
+
+def has_ultraquant(tree: Path) -> bool:
+    """Whether the tree has the UltraQuant backend (0.33 does; 0.27.1 and 0.32.0's predecessors do not)."""
+    return (Path(tree) / UQ).is_file()
+
+
+def skip_without_ultraquant(tree: Path) -> None:
+    """Skip an UltraQuant case on a tree without UltraQuant: no line can carry an UltraQuant fix there (a line
+    that patched the missing file would not have applied)."""
+    if not has_ultraquant(tree):
+        pytest.skip(f"this vLLM has no UltraQuant backend ({UQ}): the line carries no UltraQuant fix")
 
 
 class Recorder:
@@ -140,7 +161,8 @@ M = TypeVar("M")
 def make_stubs(tree: Path, rec: Recorder, mq: ModuleType | None = None,
                current_config: Any = None) -> dict[str, ModuleType]:
     AttentionCGSupport = tree_class(tree, BACKEND, "AttentionCGSupport", Enum=enum.Enum)
-    max_decode_query_len = tree_class(tree, BACKEND, "max_decode_query_len")
+    max_decode_query_len = (tree_class(tree, BACKEND, "max_decode_query_len")
+                            if tree_defines(tree, BACKEND, "max_decode_query_len") else None)
 
     class AttentionMetadataBuilder(Generic[M]):
         _cudagraph_support: ClassVar[Any] = AttentionCGSupport.NEVER
@@ -272,14 +294,15 @@ def _exec_file(tree: Path, relpath: str, name: str, stubs: dict[str, ModuleType]
 
 
 def load(tree: Path, mq: ModuleType | None = None) -> tuple[ModuleType, ModuleType, Recorder]:
-    """(turboquant_attn, ultraquant_attn, recorder) of ``tree``; ``mq``: the multi-query kernel module to use."""
+    """(turboquant_attn, ultraquant_attn, recorder) of ``tree`` (ultraquant_attn None where the tree has no
+    UltraQuant); ``mq``: the multi-query kernel module to use."""
     tree = Path(tree).resolve()
     rec = Recorder()
     stubs = make_stubs(tree, rec, mq)
     key = abs(hash((str(tree), id(mq))))
     tq = _exec_file(tree, TQ, f"_tq_under_test_{key}", stubs)
     stubs["vllm.v1.attention.backends.turboquant_attn"] = tq
-    uq = _exec_file(tree, UQ, f"_uq_under_test_{key}", stubs)
+    uq = _exec_file(tree, UQ, f"_uq_under_test_{key}", stubs) if has_ultraquant(tree) else None
     return tq, uq, rec
 
 
@@ -308,7 +331,8 @@ class _Unavailable(ModuleType):
 def cam_class(tree: Path) -> type:
     """The tree's own ``CommonAttentionMetadata`` dataclass (vllm/v1/attention/backend.py)."""
     return tree_class(tree, BACKEND, "CommonAttentionMetadata", dataclass=dataclass, replace=dataclasses.replace,
-                      torch=torch, np=np, Any=Any)
+                      torch=torch, np=np, Any=Any,
+                      deprecated=lambda message: lambda fn: fn)  # 0.27's deprecated properties
 
 
 def _real_kernel_stubs(tree: Path, vllm_config: Any) -> tuple[dict[str, ModuleType], Any]:
@@ -461,9 +485,11 @@ def build_uq_cache(tree: Path, seq_lens: list[int], num_kv_heads: int, head_dim:
 
 
 def vllm_config(num_spec: int | None, num_heads: int, max_num_seqs: int = 8, splits: int = 4,
-                max_num_batched_tokens: int = 64, dtype: torch.dtype = torch.float16) -> SimpleNamespace:
+                max_num_batched_tokens: int = 64, dtype: torch.dtype = torch.float16,
+                cache_dtype: str = "turboquant_k8v4") -> SimpleNamespace:
     """The parts of a VllmConfig the TurboQuant builder and impl read; speculative decoding with ``num_spec``
-    draft tokens (None: none), model runner V2."""
+    draft tokens (None: none), model runner V2. ``cache_dtype``: the preset, which 0.27's route reads from
+    the cache config (its specs say only TURBOQUANT; 0.33's name the preset)."""
     spec = None if num_spec is None else SimpleNamespace(num_speculative_tokens=num_spec, parallel_drafting=False)
     return SimpleNamespace(
         speculative_config=spec, use_v2_model_runner=True,
@@ -473,6 +499,7 @@ def vllm_config(num_spec: int | None, num_heads: int, max_num_seqs: int = 8, spl
         model_config=SimpleNamespace(get_num_attention_heads=lambda _pc: num_heads, dtype=dtype,
                                      max_model_len=4096),
         attention_config=SimpleNamespace(tq_max_kv_splits_for_cuda_graph=splits),
+        cache_config=SimpleNamespace(cache_dtype=cache_dtype),
         compilation_config=SimpleNamespace(cudagraph_capture_sizes=[max_num_seqs]))
 
 
