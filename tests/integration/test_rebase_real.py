@@ -99,7 +99,10 @@ def test_unknown_tags(rebase_series, tag, message):
 
 def test_continue_without_a_rebase(rebase_series):
     result = run_cli("--series", str(rebase_series), "rebase", "--continue")
-    assert result.returncode == 2 and "no rebase in progress" in result.stderr
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: no rebase in progress for the series in {rebase_series} (a rebase started with --series DIR or "
+        "--line NAME needs the same option with --continue and --abort)"]
 
 
 def checkout_at_0_20(sdist_tree: Path, tmp_path: Path) -> Path:

@@ -404,7 +404,8 @@ class Rebaser:
 
     def _load(self) -> SavedState:
         if not self.in_progress():
-            raise InputError("no rebase in progress")
+            raise InputError(f"no rebase in progress for the series in {self.root} (a rebase started with "
+                             "--series DIR or --line NAME needs the same option with --continue and --abort)")
         try:
             state = SavedState(**json.loads((self.state_dir / "state.json").read_text()))
         except (OSError, ValueError, TypeError) as exc:
