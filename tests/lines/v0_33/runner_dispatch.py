@@ -21,7 +21,9 @@ import numpy as np
 RUNNER = "vllm/v1/worker/gpu_model_runner.py"
 DISPATCH = "_determine_batch_execution_and_padding"
 # Runner methods that move data to the GPU and decide nothing about the dispatch.
-STUBBED = {"_prepare_inputs": lambda *a, **k: (None, None, None), "_allow_microbatching": lambda *a, **k: False}
+# (_prepare_inputs returns as many values as the tree's execute_model unpacks: uniform_decode sets it.)
+STUBBED = {"_allow_microbatching": lambda *a, **k: False,
+           "_pad_for_sequence_parallelism": lambda num_tokens: num_tokens}
 
 
 class _Dispatched(Exception):
@@ -79,19 +81,32 @@ class _Runner(SimpleNamespace):
 GLOBALS: dict[str, Any] = {"np": np, "Any": Any}
 
 
+def _prepared_values(block: list[ast.stmt]) -> int:
+    """How many values the block unpacks from ``self._prepare_inputs(...)`` (3 on 0.33, 2 on 0.27)."""
+    for stmt in block:
+        if (isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Call)
+                and getattr(stmt.value.func, "attr", None) == "_prepare_inputs"
+                and isinstance(stmt.targets[0], ast.Tuple)):
+            return len(stmt.targets[0].elts)
+    return 3
+
+
 def uniform_decode(tree: Path) -> Callable[[list[int], dict[int, int], int], bool]:
     """A function of a batch (tokens scheduled per request; drafts per request index, absent = none; K) that
     says whether the tree's V1 runner dispatches it as uniform decode."""
     path = tree / RUNNER
     source = ast.parse(path.read_text(), str(path))
     methods = _methods(source)
-    block = compile(ast.Module(body=_block(methods["execute_model"]), type_ignores=[]), RUNNER, "exec")
+    stmts = _block(methods["execute_model"])
+    prepared = (None,) * _prepared_values(stmts)
+    block = compile(ast.Module(body=stmts, type_ignores=[]), RUNNER, "exec")
 
     def decide(scheduled: list[int], drafts: dict[int, int], k: int) -> bool:
         req_ids = [f"r{i}" for i in range(len(scheduled))]
         dispatcher = SimpleNamespace(dispatch=lambda **kw: (_ for _ in ()).throw(_Dispatched(kw["uniform_decode"])))
         runner = _Runner(
             _tree_methods=methods, num_spec_tokens=k, uniform_decode_query_len=1 + k,
+            _prepare_inputs=lambda *a, **kw: prepared, cascade_attn_enabled=False,
             input_batch=SimpleNamespace(num_reqs=len(scheduled), req_ids=req_ids, lora_id_to_lora_request={}),
             model_config=SimpleNamespace(is_encoder_decoder=False),
             vllm_config=SimpleNamespace(parallel_config=SimpleNamespace(data_parallel_size=1)),

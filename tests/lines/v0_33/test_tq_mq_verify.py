@@ -222,14 +222,15 @@ def test_graph_support_and_reorder_threshold(mods):
     tq, uq, _ = mods
     cg = tq.AttentionCGSupport
     tq_builder = tq.TurboQuantAttentionBackend.get_builder_cls()
-    uq_builder = uq.UltraQuantAttentionBackend.get_builder_cls()
+    builders = [("TurboQuant", tq_builder, 128), ("TurboQuant", tq_builder, 512)]
+    if uq is not None:  # 0.27.1 has no UltraQuant
+        builders.append(("UltraQuant", uq.UltraQuantAttentionBackend.get_builder_cls(), 128))
     for num_spec in (3, 1, None):
         cfg = _config(num_spec)
         k1 = 1 + (num_spec or 0)
         q_lens, seq_lens = [k1, k1, k1, 0], [k1 + 5, k1 + 9, k1 + 2, 0]
         common = _common(tq, q_lens, seq_lens, torch.zeros(4, 4, dtype=torch.int32))
-        for name, builder_cls, head in (("TurboQuant", tq_builder, 128), ("TurboQuant", tq_builder, 512),
-                                        ("UltraQuant", uq_builder, 128)):
+        for name, builder_cls, head in builders:
             support = builder_cls.get_cudagraph_support(cfg, _spec(head))
             builder = builder_cls(_spec(head), ["l"], cfg, "cpu")
             meta = builder.build(0, common)
@@ -274,7 +275,8 @@ def _forward(tq, impl, meta, kv, query, d=16):
     out = torch.full((n, HQ * d), float("nan"))
     key = torch.zeros(n, HK, d)
     # 0.33 stores (blocks, Hk, block_size, slot); forward hands kernels its transpose(1, 2).
-    return impl.forward(layer, query, key, key, kv.transpose(1, 2), meta, output=out).view(n, HQ, d)
+    kv = tq_harness.forward_cache(tq, kv.transpose(1, 2))
+    return impl.forward(layer, query, key, key, kv, meta, output=out).view(n, HQ, d)
 
 
 def _impl(tq, cls, d=16):
@@ -312,7 +314,8 @@ def test_builder_routes_uniform_decodes_to_the_kernel_and_the_rest_to_the_loop(m
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
 
 
-def test_ultraquant_keeps_the_per_request_loop(mods):
+def test_ultraquant_keeps_the_per_request_loop(mods, v033_tree):
+    tq_harness.skip_without_ultraquant(v033_tree)
     tq, uq, rec = mods
     q_lens, ctx = [4, 4], [5, 9]
     kv, table, seq_lens, query, ref = _float_case(q_lens, ctx)
@@ -400,7 +403,8 @@ def test_forward_runs_padded_uniform_batch_through_the_kernel(v033_tree, mq_ops,
     storage = cache.kv_cache.permute(0, 2, 1, 3).contiguous()  # 0.33's (blocks, Hk, block_size, slot)
     out = torch.full((n, hq * D), float("nan"), dtype=torch.float16, device=DEVICE)
     rec.seq_lens.clear()
-    got = impl.forward(layer, query, query[:, :HK], query[:, :HK], storage, meta, output=out)
+    got = impl.forward(layer, query, query[:, :HK], query[:, :HK], tq_harness.forward_cache(tq, storage), meta,
+                       output=out)
     assert got is out and not rec.seq_lens, "the uniform batch must not reach the decode kernel or the loop"
     want, _ = tq_verify_ref(query, cache.keys, cache.values, lens[:2], k1, impl.scale)
     routed = _release_decode(decode_ops, query, cache, storage.transpose(1, 2), k1)
@@ -429,7 +433,7 @@ def test_kernel_route_never_reads_the_host_length_bound(v033_tree, mq_ops):
     storage = cache.kv_cache.permute(0, 2, 1, 3).contiguous()
     out = torch.full((n, hq * d), float("nan"), dtype=torch.float16, device=DEVICE)
     rec.seq_lens.clear()
-    impl.forward(layer, query, query[:, :HK], query[:, :HK], storage, meta, output=out)
+    impl.forward(layer, query, query[:, :HK], query[:, :HK], tq_harness.forward_cache(tq, storage), meta, output=out)
     assert not rec.seq_lens, "the uniform batch must not reach the decode kernel or the loop"
     want, _ = tq_verify_ref(query, cache.keys, cache.values, lens[:2], k1, impl.scale)
     _check(out.view(n, hq, d), want, tq_verify_rows(lens[:2], k1)[0])

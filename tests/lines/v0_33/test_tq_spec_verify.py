@@ -40,7 +40,8 @@ def _full_decode_graphs_kept(support, cg, uniform_decode_query_len: int) -> bool
 # TurboQuant's verify batches run a graph-safe kernel since the line's patch 0003, which gives them FULL graphs
 # back (test_tq_mq_verify.py); UltraQuant keeps the per-request loop.
 @pytest.mark.parametrize("backend", ["UltraQuantAttentionBackend"])
-def test_no_full_graphs_for_host_driven_verify_batches(mods, backend):
+def test_no_full_graphs_for_host_driven_verify_batches(mods, backend, v033_tree):
+    tq_harness.skip_without_ultraquant(v033_tree)
     tq, uq, _ = mods
     cls = getattr(tq if backend.startswith("Turbo") else uq, backend)
     builder = cls.get_builder_cls()
@@ -97,7 +98,9 @@ def _verify_case(Hq=2, Hk=1, D=8, block_size=4, q_len=4, seed=0):
 
 
 @pytest.mark.parametrize("impl_name", ["TurboQuantAttentionImpl", "UltraQuantAttentionImpl"])
-def test_verify_rows_use_exact_causal_lengths(mods, impl_name):
+def test_verify_rows_use_exact_causal_lengths(mods, impl_name, v033_tree):
+    if impl_name.startswith("Ultra"):
+        tq_harness.skip_without_ultraquant(v033_tree)
     tq, uq, rec = mods
     cls = getattr(tq if impl_name.startswith("Turbo") else uq, impl_name)
     query, key, value, kv_cache, meta_kwargs, ref, want_lens, (Hq, Hk, D) = _verify_case()

@@ -86,6 +86,7 @@ def uq(tree, config, tq):
 def _backend(request, preset: str) -> type:
     """The attention backend class that serves ``preset`` in the tree."""
     if preset == UQ:
+        tq_harness.skip_without_ultraquant(request.getfixturevalue("tree"))
         return request.getfixturevalue("uq").UltraQuantAttentionBackend
     return request.getfixturevalue("tq").TurboQuantAttentionBackend
 
@@ -160,7 +161,7 @@ def _forward(tq, config, preset: str, batch: VerifyBatch, host_excess,
     out = torch.full((n, HQ * D), float("nan"), dtype=_dtype(preset), device=DEVICE)
     kv = torch.zeros(n, HK, D, dtype=_dtype(preset), device=DEVICE)
     layer = SimpleNamespace()  # forward derives the rotation and centroids it keeps on the layer
-    got = impl.forward(layer, batch.query, kv, kv, batch.storage, meta, output=out)
+    got = impl.forward(layer, batch.query, kv, kv, tq_harness.forward_cache(tq, batch.storage), meta, output=out)
     return support, got.view(n, HQ, D)
 
 
@@ -204,8 +205,9 @@ def test_verify_batches_run_in_full_graphs_from_device_lengths(tq, config, tree,
 def test_verify_rows_attend_over_the_device_lengths(request, tq, config, tree, preset):
     """Patch 0001's causal lengths, on any route: a verify batch whose host-side lengths are the optimistic
     bound of async scheduling is attended to over the exact device lengths."""
+    backend = _backend(request, preset)
     batch = _batch(tree, preset)
-    _, out = _forward(tq, config, preset, batch, HOST_EXCESS, _backend(request, preset))
+    _, out = _forward(tq, config, preset, batch, HOST_EXCESS, backend)
     wrong = _mismatch(out, _reference(batch))
     assert wrong is None, f"{preset}, host-side lengths {HOST_EXCESS} tokens over the device ones: {wrong}"
 

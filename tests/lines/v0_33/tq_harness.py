@@ -40,6 +40,7 @@ from types import ModuleType, SimpleNamespace
 from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
+import pytest
 import torch
 
 import vllm_tree
@@ -62,6 +63,42 @@ def tree_class(tree: Path, relpath: str, name: str, **scope) -> Any:
     ns: dict[str, Any] = dict(scope)
     exec(compile(ast.Module(body=[found], type_ignores=[]), str(path), "exec"), ns)
     return ns[found.name]
+
+
+def tree_defines(tree: Path, relpath: str, name: str) -> bool:
+    """Whether a tree file defines a top-level class or function ``name`` (0.27 has no
+    ``max_decode_query_len``)."""
+    path = tree / relpath
+    return any(isinstance(n, (ast.ClassDef, ast.FunctionDef)) and n.name == name
+               for n in ast.parse(path.read_text(), str(path)).body)
+
+
+def has_ultraquant(tree: Path) -> bool:
+    """Whether the tree has the UltraQuant backend (0.33 does; 0.27.1 and 0.32.0's predecessors do not)."""
+    return (Path(tree) / UQ).is_file()
+
+
+def skip_without_ultraquant(tree: Path) -> None:
+    """Skip an UltraQuant case on a tree without UltraQuant: no line can carry an UltraQuant fix there (a line
+    that patched the missing file would not have applied)."""
+    if not has_ultraquant(tree):
+        pytest.skip(f"this vLLM has no UltraQuant backend ({UQ}): the line carries no UltraQuant fix")
+
+
+def forward_cache(tq: ModuleType, storage: torch.Tensor) -> torch.Tensor:
+    """0.33's cache ``(blocks, Hk, block_size, slot)`` (``storage``) as the ``forward`` of ``tq`` (a loaded
+    ``turboquant_attn.py``) takes it: as is, or its ``transpose(1, 2)`` view where that file's
+    ``get_kv_cache_shape`` puts ``block_size`` before the KV heads (0.25: ``(num_blocks, block_size,
+    num_kv_heads, slot)``, which ``forward`` hands its kernels untransposed)."""
+    path = Path(tq.__file__)
+    shape = next((n for n in ast.walk(ast.parse(path.read_text(), str(path)))
+                  if isinstance(n, ast.FunctionDef) and n.name == "get_kv_cache_shape"), None)
+    if shape is not None:
+        returned = next(n.value for n in ast.walk(shape) if isinstance(n, ast.Return))
+        dims = [getattr(e, "id", None) for e in getattr(returned, "elts", [])]
+        if "block_size" in dims and "num_kv_heads" in dims and dims.index("block_size") < dims.index("num_kv_heads"):
+            return storage.transpose(1, 2)
+    return storage
 
 
 class Recorder:
@@ -140,7 +177,8 @@ M = TypeVar("M")
 def make_stubs(tree: Path, rec: Recorder, mq: ModuleType | None = None,
                current_config: Any = None) -> dict[str, ModuleType]:
     AttentionCGSupport = tree_class(tree, BACKEND, "AttentionCGSupport", Enum=enum.Enum)
-    max_decode_query_len = tree_class(tree, BACKEND, "max_decode_query_len")
+    max_decode_query_len = (tree_class(tree, BACKEND, "max_decode_query_len")
+                            if tree_defines(tree, BACKEND, "max_decode_query_len") else None)
 
     class AttentionMetadataBuilder(Generic[M]):
         _cudagraph_support: ClassVar[Any] = AttentionCGSupport.NEVER
@@ -272,14 +310,15 @@ def _exec_file(tree: Path, relpath: str, name: str, stubs: dict[str, ModuleType]
 
 
 def load(tree: Path, mq: ModuleType | None = None) -> tuple[ModuleType, ModuleType, Recorder]:
-    """(turboquant_attn, ultraquant_attn, recorder) of ``tree``; ``mq``: the multi-query kernel module to use."""
+    """(turboquant_attn, ultraquant_attn, recorder) of ``tree`` (ultraquant_attn None where the tree has no
+    UltraQuant); ``mq``: the multi-query kernel module to use."""
     tree = Path(tree).resolve()
     rec = Recorder()
     stubs = make_stubs(tree, rec, mq)
     key = abs(hash((str(tree), id(mq))))
     tq = _exec_file(tree, TQ, f"_tq_under_test_{key}", stubs)
     stubs["vllm.v1.attention.backends.turboquant_attn"] = tq
-    uq = _exec_file(tree, UQ, f"_uq_under_test_{key}", stubs)
+    uq = _exec_file(tree, UQ, f"_uq_under_test_{key}", stubs) if has_ultraquant(tree) else None
     return tq, uq, rec
 
 
@@ -308,7 +347,7 @@ class _Unavailable(ModuleType):
 def cam_class(tree: Path) -> type:
     """The tree's own ``CommonAttentionMetadata`` dataclass (vllm/v1/attention/backend.py)."""
     return tree_class(tree, BACKEND, "CommonAttentionMetadata", dataclass=dataclass, replace=dataclasses.replace,
-                      torch=torch, np=np, Any=Any)
+                      torch=torch, np=np, Any=Any, deprecated=lambda *a, **k: lambda f: f)
 
 
 def _real_kernel_stubs(tree: Path, vllm_config: Any) -> tuple[dict[str, ModuleType], Any]:
@@ -461,13 +500,15 @@ def build_uq_cache(tree: Path, seq_lens: list[int], num_kv_heads: int, head_dim:
 
 
 def vllm_config(num_spec: int | None, num_heads: int, max_num_seqs: int = 8, splits: int = 4,
-                max_num_batched_tokens: int = 64, dtype: torch.dtype = torch.float16) -> SimpleNamespace:
+                max_num_batched_tokens: int = 64, dtype: torch.dtype = torch.float16,
+                cache_dtype: str = "turboquant_4bit_nc") -> SimpleNamespace:
     """The parts of a VllmConfig the TurboQuant builder and impl read; speculative decoding with ``num_spec``
     draft tokens (None: none), model runner V2."""
     spec = None if num_spec is None else SimpleNamespace(num_speculative_tokens=num_spec, parallel_drafting=False)
     return SimpleNamespace(
         speculative_config=spec, use_v2_model_runner=True,
         parallel_config=SimpleNamespace(decode_context_parallel_size=1),
+        cache_config=SimpleNamespace(cache_dtype=cache_dtype),  # 0.25's TurboQuant preset (0.33: the spec's)
         scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs, enable_chunked_prefill=False,
                                          max_num_batched_tokens=max_num_batched_tokens),
         model_config=SimpleNamespace(get_num_attention_heads=lambda _pc: num_heads, dtype=dtype,
