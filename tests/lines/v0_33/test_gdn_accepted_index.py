@@ -28,6 +28,7 @@ import vllm_tree
 vllm_tree.AFTER_EXEC["vllm.third_party.flash_linear_attention.ops.op"] = vllm_tree._late_bound_tl_aliases
 
 OPS = "vllm/third_party/flash_linear_attention/ops/"
+OPS_BEFORE_0_26 = "vllm/model_executor/layers/fla/ops/"  # 0.25.1 (line v0.25)
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 H, HV, K, V = 1, 2, 16, 16
@@ -80,19 +81,23 @@ def _inputs():
     return cu, indices, {k: v.to(DEV) for k, v in tensors.items()}
 
 
+def _ops(tree: Path) -> str:
+    return OPS if (tree / OPS).is_dir() else OPS_BEFORE_0_26
+
+
 def _run(tree: Path, kernel: str, num_accepted: list[int], state: torch.Tensor | None = None):
     """(output, state after) of one spec-decode call; the state is updated in place, as in vLLM."""
     cu, indices, t = _inputs()
     state = (_state(1) if state is None else state.clone()).to(DEV)
     acc = torch.tensor(num_accepted, dtype=torch.int32, device=DEV)
     if kernel == "fused_recurrent":
-        mod = vllm_tree.load_module(tree, OPS + "fused_recurrent.py")
+        mod = vllm_tree.load_module(tree, _ops(tree) + "fused_recurrent.py")
         o, final = mod.fused_recurrent_gated_delta_rule_fwd(
             q=t["q"], k=t["k"], v=t["v"], g=t["g"], beta=t["beta"], scale=K**-0.5,
             initial_state=state, inplace_final_state=True, cu_seqlens=cu,
             ssm_state_indices=indices, num_accepted_tokens=acc, use_qk_l2norm_in_kernel=True)
     else:
-        mod = vllm_tree.load_module(tree, OPS + "fused_sigmoid_gating.py")
+        mod = vllm_tree.load_module(tree, _ops(tree) + "fused_sigmoid_gating.py")
         o, final = mod.fused_sigmoid_gating_delta_rule_update(
             A_log=t["A_log"], a=t["a"], b=t["b"], dt_bias=t["dt_bias"], q=t["q"], k=t["k"], v=t["v"],
             initial_state=state, inplace_final_state=True, cu_seqlens=cu,

@@ -275,7 +275,8 @@ def _forward(tq, impl, meta, kv, query, d=16):
     out = torch.full((n, HQ * d), float("nan"))
     key = torch.zeros(n, HK, d)
     # 0.33 stores (blocks, Hk, block_size, slot); forward hands kernels its transpose(1, 2).
-    return impl.forward(layer, query, key, key, kv.transpose(1, 2), meta, output=out).view(n, HQ, d)
+    kv = tq_harness.forward_cache(tq, kv.transpose(1, 2))
+    return impl.forward(layer, query, key, key, kv, meta, output=out).view(n, HQ, d)
 
 
 def _impl(tq, cls, d=16):
@@ -402,7 +403,8 @@ def test_forward_runs_padded_uniform_batch_through_the_kernel(v033_tree, mq_ops,
     storage = cache.kv_cache.permute(0, 2, 1, 3).contiguous()  # 0.33's (blocks, Hk, block_size, slot)
     out = torch.full((n, hq * D), float("nan"), dtype=torch.float16, device=DEVICE)
     rec.seq_lens.clear()
-    got = impl.forward(layer, query, query[:, :HK], query[:, :HK], storage, meta, output=out)
+    got = impl.forward(layer, query, query[:, :HK], query[:, :HK], tq_harness.forward_cache(tq, storage), meta,
+                       output=out)
     assert got is out and not rec.seq_lens, "the uniform batch must not reach the decode kernel or the loop"
     want, _ = tq_verify_ref(query, cache.keys, cache.values, lens[:2], k1, impl.scale)
     routed = _release_decode(decode_ops, query, cache, storage.transpose(1, 2), k1)
@@ -431,7 +433,7 @@ def test_kernel_route_never_reads_the_host_length_bound(v033_tree, mq_ops):
     storage = cache.kv_cache.permute(0, 2, 1, 3).contiguous()
     out = torch.full((n, hq * d), float("nan"), dtype=torch.float16, device=DEVICE)
     rec.seq_lens.clear()
-    impl.forward(layer, query, query[:, :HK], query[:, :HK], storage, meta, output=out)
+    impl.forward(layer, query, query[:, :HK], query[:, :HK], tq_harness.forward_cache(tq, storage), meta, output=out)
     assert not rec.seq_lens, "the uniform batch must not reach the decode kernel or the loop"
     want, _ = tq_verify_ref(query, cache.keys, cache.values, lens[:2], k1, impl.scale)
     _check(out.view(n, hq, d), want, tq_verify_rows(lens[:2], k1)[0])

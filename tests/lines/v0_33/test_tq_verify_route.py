@@ -161,7 +161,7 @@ def _forward(tq, config, preset: str, batch: VerifyBatch, host_excess,
     out = torch.full((n, HQ * D), float("nan"), dtype=_dtype(preset), device=DEVICE)
     kv = torch.zeros(n, HK, D, dtype=_dtype(preset), device=DEVICE)
     layer = SimpleNamespace()  # forward derives the rotation and centroids it keeps on the layer
-    got = impl.forward(layer, batch.query, kv, kv, batch.storage, meta, output=out)
+    got = impl.forward(layer, batch.query, kv, kv, tq_harness.forward_cache(tq, batch.storage), meta, output=out)
     return support, got.view(n, HQ, D)
 
 

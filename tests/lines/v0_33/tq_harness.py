@@ -85,6 +85,22 @@ def skip_without_ultraquant(tree: Path) -> None:
         pytest.skip(f"this vLLM has no UltraQuant backend ({UQ}): the line carries no UltraQuant fix")
 
 
+def forward_cache(tq: ModuleType, storage: torch.Tensor) -> torch.Tensor:
+    """0.33's cache ``(blocks, Hk, block_size, slot)`` (``storage``) as the ``forward`` of ``tq`` (a loaded
+    ``turboquant_attn.py``) takes it: as is, or its ``transpose(1, 2)`` view where that file's
+    ``get_kv_cache_shape`` puts ``block_size`` before the KV heads (0.25: ``(num_blocks, block_size,
+    num_kv_heads, slot)``, which ``forward`` hands its kernels untransposed)."""
+    path = Path(tq.__file__)
+    shape = next((n for n in ast.walk(ast.parse(path.read_text(), str(path)))
+                  if isinstance(n, ast.FunctionDef) and n.name == "get_kv_cache_shape"), None)
+    if shape is not None:
+        returned = next(n.value for n in ast.walk(shape) if isinstance(n, ast.Return))
+        dims = [getattr(e, "id", None) for e in getattr(returned, "elts", [])]
+        if "block_size" in dims and "num_kv_heads" in dims and dims.index("block_size") < dims.index("num_kv_heads"):
+            return storage.transpose(1, 2)
+    return storage
+
+
 class Recorder:
     """The reference decode kernel: records the causal lengths each call was given."""
 
@@ -332,7 +348,7 @@ def cam_class(tree: Path) -> type:
     """The tree's own ``CommonAttentionMetadata`` dataclass (vllm/v1/attention/backend.py)."""
     return tree_class(tree, BACKEND, "CommonAttentionMetadata", dataclass=dataclass, replace=dataclasses.replace,
                       torch=torch, np=np, Any=Any,
-                      deprecated=lambda message: lambda fn: fn)  # 0.27's deprecated properties
+                      deprecated=lambda *a, **k: lambda fn: fn)  # 0.25/0.27's deprecated properties
 
 
 def _real_kernel_stubs(tree: Path, vllm_config: Any) -> tuple[dict[str, ModuleType], Any]:
@@ -488,7 +504,7 @@ def vllm_config(num_spec: int | None, num_heads: int, max_num_seqs: int = 8, spl
                 max_num_batched_tokens: int = 64, dtype: torch.dtype = torch.float16,
                 cache_dtype: str = "turboquant_k8v4") -> SimpleNamespace:
     """The parts of a VllmConfig the TurboQuant builder and impl read; speculative decoding with ``num_spec``
-    draft tokens (None: none), model runner V2. ``cache_dtype``: the preset, which 0.27's route reads from
+    draft tokens (None: none), model runner V2. ``cache_dtype``: the preset, which 0.25's and 0.27's routes read from
     the cache config (its specs say only TURBOQUANT; 0.33's name the preset)."""
     spec = None if num_spec is None else SimpleNamespace(num_speculative_tokens=num_spec, parallel_drafting=False)
     return SimpleNamespace(
