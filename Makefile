@@ -67,7 +67,7 @@ gpu-bundle: $(DEV) ## make the offline bundle for a GPU host in .gpu/ (line v0.2
 gpu-kernel-pack: $(DEV) ## make the small pack for kernel-level GPU runs in .gpu/kt (line v0.20's sources + patched, no wheel)
 	$(BIN)/python tests/gpu/kernel_pack.py --out .gpu/kt
 
-gpu-stack-bundle: $(DEV) ## a release line's own torch/triton/NCCL/vLLM for a GPU host, in .gpu/vX.Y/pNN (LINE=current default)
+gpu-stack-bundle: $(DEV) ## a release line's own torch/triton/NCCL/vLLM (or vLLM on the host's torch) for a GPU host, in .gpu/vX.Y/pNN (LINE=current default)
 	$(BIN)/python tests/gpu/stack_bundle.py --line $(or $(LINE),current) $(STACK_ARGS)
 	$(BIN)/pip wheel -q --disable-pip-version-check . -w .gpu/tool-wheels
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The GPU host's side of a stack bundle (tests/gpu/stack_bundle.py): a release line's own torch, triton, NCCL,
-# vLLM and Python packages in a private prefix, for a line whose vLLM needs a newer torch than the host's.
+# vLLM and Python packages in a private prefix, for a line whose vLLM needs another torch than the host's; or, for a
+# line on the host's own torch (v0.25: the manifest's "host_torch"), its vLLM and the Python packages the host lacks,
+# in front of the host's torch, triton and CUDA libraries.
 # The host's torch, its site-packages and the $VP_HOME trees of tests/gpu/host.sh are never written to.
 # Needs python3.12 (the bundle's Python; PYTHON picks another executable) and no network.
 #
@@ -111,18 +113,24 @@ stack_env() {
     dir=$(line_dir "$1") || exit 2
     site=$dir/prefix/site
     [ -f "$dir/prefix/.complete" ] || die "no prefix for $1 in $dir: run stack.sh setup $1 first"
-    libs=$(find "$site/nvidia" -mindepth 2 -maxdepth 2 -type d -name lib 2>/dev/null | sort | paste -sd: -)
+    libs=""
+    # A stack on the host's torch carries no nvidia libraries.
+    if [ -d "$site/nvidia" ]; then
+        libs=$(find "$site/nvidia" -mindepth 2 -maxdepth 2 -type d -name lib | sort | paste -sd: -)
+    fi
     host=$(host_nvidia_libs)
     echo "export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}"
-    libs=$(printf '%s\n' "$libs" "$host" "${LD_LIBRARY_PATH:-}" | grep -v '^$' | paste -sd: -)
+    libs=$(printf '%s\n' "$libs" "$host" "${LD_LIBRARY_PATH:-}" | { grep -v '^$' || true; } | paste -sd: -)
     echo "export LD_LIBRARY_PATH=$libs"
     # Separate caches: kernels and graphs compiled by triton 3.6/torch 2.11 are no use here, nor the reverse.
     echo "export TRITON_CACHE_DIR=${STACK_TRITON_CACHE_DIR:-$dir/cache/triton}"
     echo "export VLLM_CACHE_ROOT=${STACK_VLLM_CACHE_ROOT:-$dir/cache/vllm}"
     echo "export TORCHINDUCTOR_CACHE_DIR=${STACK_INDUCTOR_CACHE_DIR:-$dir/cache/inductor}"
     # cuDNN stays the host's (9.19) unless it travelled: the line's torch (2.14 built with 9.24, 2.13 with 9.20) would
-    # refuse it at first use. An LLM with FlashAttention 2 uses no cuDNN; see stack_bundle.py.
-    if ! grep -q '"cudnn_travels": true' "$dir/prefix/manifest.json"; then
+    # refuse it at first use. An LLM with FlashAttention 2 uses no cuDNN; see stack_bundle.py. The host's own torch
+    # (a stack with "host_torch") was built for the host's cuDNN and needs no such leave.
+    if ! grep -q '"cudnn_travels": true' "$dir/prefix/manifest.json" \
+        && ! grep -q '"host_torch": true' "$dir/prefix/manifest.json"; then
         echo "export PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK=1"
     fi
     # The release's sampler imports FlashInfer, which the stack does not carry, unless told not to.

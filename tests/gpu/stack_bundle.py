@@ -1,4 +1,5 @@
-"""Make the offline "stack bundle" of a release line whose vLLM needs a newer torch than the GPU host has.
+"""Make the offline "stack bundle" of a release line whose vLLM needs another torch than the GPU host has, or the
+host's torch with Python packages the host lacks.
 
 The host has CUDA torch 2.11 and triton 3.6 (vLLM 0.20's stack); vLLM 0.33 pins torch 2.14.0, which needs triton
 3.8, and vLLM 0.32 torch 2.13.0, which needs triton 3.7.1. The bundle carries a whole private site dir, unpacked
@@ -13,6 +14,8 @@ never touching the host's torch.
     python tests/gpu/stack_bundle.py --line current                # .gpu/v0.33/p01 ...
     python tests/gpu/stack_bundle.py --line v0.33 --with cudnn     # the same line; also ship cuDNN 9.24 (~9 parts more)
     python tests/gpu/stack_bundle.py --line v0.32                  # lines/v0.32: .gpu/v0.32/p01 ...
+    python tests/gpu/stack_bundle.py --line v0.27                  # lines/v0.27 (torch 2.13.0, as v0.32)
+    python tests/gpu/stack_bundle.py --line v0.25                  # lines/v0.25: on the host's torch 2.11.0
 
 --line is `current` (the top-level series, pinned to vLLM 0.33.0 now), a folder of lines/, or vX.Y: the line pinned
 to vLLM X.Y wherever it lives. A stack is named after its line's release (v0.33), whichever line that is now: the
@@ -35,11 +38,23 @@ v0.32 (torch 2.13.0+cu130, triton 3.7.1), the same way:
 - not cuBLAS 13.1.1.3, cuSPARSELt 0.8.1, cuDNN 9.20 (host 9.19): the 177 cuBLAS, 16 cuSPARSELt and 84 cuDNN symbols
   torch 2.13's libraries take are all in the host's; cuDNN's check as for v0.33 (--with cudnn ships 9.20).
 - the rest of torch 2.13's pins are torch 2.14's: cuda-toolkit 13.0.3, nvshmem 3.4.5, cuda-bindings.
+
+v0.27 (vLLM 0.27.1 pins torch 2.13.0 too): v0.32's torch, triton and NCCL, for the same reasons; its own deps.
+
+v0.25 (vLLM 0.25.1 pins torch 2.11.0 and torchvision 0.26.0: the host's own) is a stack on the host's torch: a
+recipe whose torch is HOST (None) carries no torch, triton or nvidia-* component, only the slimmed vLLM wheel and
+the Python packages the host lacks or has not been seen to have new enough (HOST_PACKAGES), so the archive has two
+components, vllm and deps; the manifest says "host_torch": true, and stack.sh puts the prefix before the host's
+site-packages as for any stack, which then supplies torch, triton, torchvision, numpy and the CUDA libraries.
+One mechanism for every line that needs more than the host has (rather than tests/gpu/bundle.py's, which installs
+wheels on the host with pip and serves line v0.20 alone): stage/setup/run/scenarios/tests/bench are the same.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import lzma
 import shutil
 import subprocess
 import sys
@@ -47,6 +62,7 @@ import tarfile
 import tempfile
 import time
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,16 +93,34 @@ TRITON_DROPPED = ("triton/backends/nvidia/bin/ptxas-blackwell", "triton/backends
 VLLM_DROPPED = ("vllm/vllm-rs", "vllm/third_party/fmha_sm100/")
 
 
+# A recipe's torch (and triton) that is the host's own: nothing of torch, triton or the nvidia-* libraries travels.
+HOST = None
+
+# What the GPU host's image holds at known versions (a session's `pip list` there, 2026-11; the device notes list
+# its other packages by name only): a host-torch stack leaves these home where its release allows them
+# (tests/gpu/test_stack_bundle.py checks that it does).
+HOST_PACKAGES = {
+    "torch": "2.11.0", "triton": "3.6.0", "torchvision": "0.26.0", "torchaudio": "2.11.0", "numpy": "2.5.2",
+    "transformers": "5.17.0", "huggingface-hub": "1.33.0", "tokenizers": "0.23.2", "safetensors": "0.8.0",
+    "tiktoken": "0.14.0", "sentencepiece": "0.2.2",
+}
+
+
 @dataclass(frozen=True)
 class Line:
-    torch: str
-    triton: str
+    torch: str | None
+    triton: str | None
     nvidia: tuple[str, ...]
     optional: dict[str, str]
     deps: tuple[str, ...]
     python: str = "3.12"
     host: str = "torch 2.11.0+cu130, triton 3.6.0 and torch 2.11's nvidia-* pins"
     why: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def host_torch(self) -> bool:
+        """Whether the line runs on the host's own torch and triton (none of them travels)."""
+        return self.torch is HOST
 
 
 # vLLM 0.33.0's Requires-Dist raised above vLLM 0.20's (or new), resolved together with tests/gpu/bundle.py's
@@ -127,7 +161,44 @@ V033_ONLY = ("orjson==3.13.0", "transformers==5.20.2", "torchvision==0.29.0")
 V032_DEPS = tuple(sorted(({*V033_DEPS} - {*V033_ONLY}) | {"transformers==5.19.0", "torchvision==0.28.0"},
                          key=lambda spec: spec.split("==")[0].lower()))
 
+# vLLM 0.27.1's (torch 2.13.0 too: the v0.32 stack's torch, triton 3.7.1 and NCCL 2.29.7), made the same way, with
+# V032_DEPS's versions wherever 0.27.1's Requires-Dist allows them. Its requirements are 0.32.0's or looser
+# (transformers>=5.5.3, huggingface_hub only through transformers, aiohttp>=3.13.3, openai>=2.0.0, xgrammar<1.0.0,
+# mcp unbounded, torchvision==0.28.0 as 0.32's), so one difference only: 0.27.1 requires and imports
+# openai-harmony (openai_harmony), where 0.32 took its fork oss-harmony; 0.0.8, the version tests/gpu/bundle.py's
+# VLLM_DEPS carry for 0.20.
+V032_ONLY = ("oss-harmony==0.0.11",)
+V027_DEPS = tuple(sorted(({*V032_DEPS} - {*V032_ONLY}) | {"openai-harmony==0.0.8"},
+                         key=lambda spec: spec.split("==")[0].lower()))
+
+# vLLM 0.25.1's, on the host's torch 2.11.0 (its pin): V027_DEPS less what the host has at versions 0.25.1 and the
+# other packages here accept (HOST_PACKAGES: transformers 5.17.0, huggingface-hub 1.33.0, tokenizers 0.23.2,
+# safetensors 0.8.0, tiktoken 0.14.0; torchvision 0.26.0 is 0.25.1's pin, built for the host's torch), with these
+# differences: apache-tvm-ffi 0.1.9 (0.25.1 pins ==0.1.9, for FlashInfer 0.6.13), so xgrammar 0.2.3 (the newest
+# that takes tvm-ffi 0.1.9: 0.2.6 and later need >= 0.1.10, and 0.2.5.post1 wants transformers < 5), and
+# diskcache 5.6.3 (0.25.1 pins it; 0.27 dropped it). The packages the host has at versions nobody recorded
+# (pydantic's typing-extensions, aiohttp, setuptools < 81, ...) travel at V027_DEPS's, as the other stacks carry them.
+# Checked here against the Requires-Dist of vLLM 0.25.1, of every wheel carried and of the five left home: no
+# conflict but mistral_common 1.13.1's numpy<2.4 against the host's 2.5.2, which the v0.32 and v0.33 stacks share.
+V025_LEAVES = ("huggingface_hub==2.4.0", "safetensors==0.8.0", "tiktoken==0.14.0", "tokenizers==0.23.3",
+               "torchvision==0.28.0", "transformers==5.19.0", "apache-tvm-ffi==0.1.11", "xgrammar==0.2.8")
+V025_DEPS = tuple(sorted(({*V027_DEPS} - {*V025_LEAVES})
+                         | {"apache-tvm-ffi==0.1.9", "xgrammar==0.2.3", "diskcache==5.6.3"},
+                         key=lambda spec: spec.split("==")[0].lower()))
+
 LINES = {
+    "v0.25": Line(
+        torch=HOST, triton=HOST, nvidia=(), optional={}, deps=V025_DEPS,
+        host="torch 2.11.0+cu130, triton 3.6.0, torchvision 0.26.0 and the packages of HOST_PACKAGES: the stack's own",
+    ),
+    "v0.27": Line(
+        torch="torch==2.13.0", triton="triton==3.7.1",
+        nvidia=("nvidia-nccl-cu13==2.29.7",),
+        optional={"cudnn": "nvidia-cudnn-cu13==9.20.0.48", "cublas": "nvidia-cublas==13.1.1.3",
+                  "cusparselt": "nvidia-cusparselt-cu13==0.8.1"},
+        deps=V027_DEPS,
+        why={"nvidia-nccl-cu13": "libtorch_cuda.so needs 8 symbols NCCL 2.28.9 lacks (ncclCommSuspend, ...)"},
+    ),
     "v0.32": Line(
         torch="torch==2.13.0", triton="triton==3.7.1",
         nvidia=("nvidia-nccl-cu13==2.29.7",),
@@ -219,13 +290,83 @@ def _wheels(specs: tuple[str, ...], dest: Path, python: str) -> list[Path]:
     return [dest / name for name in download(specs, dest, python)]
 
 
-def compress_slices(plain: Path, cuts: list[tuple[str, int, int]], archive: Path, level: int) -> dict[str, int]:
+@dataclass(frozen=True)
+class Reusable:
+    """A component of a made stack bundle (out/pNN of another stack), whose xz stream may stand for this one's."""
+    stack: str
+    level: int
+    component: dict
+    parts: tuple[tuple[Path, int], ...]  # the part files and their sizes, in order
+    offset: int  # where the component's stream starts in the archive
+
+    def read(self) -> Iterator[bytes]:
+        """The component's xz stream, in blocks, from the part files."""
+        start, left = self.offset, self.component["xz_bytes"]
+        for path, size in self.parts:
+            if start >= size:
+                start -= size
+                continue
+            with open(path, "rb") as f:
+                f.seek(start)
+                while left and (block := f.read(min(left, 1 << 22))):
+                    left -= len(block)
+                    yield block
+            start = 0
+            if not left:
+                return
+        if left:
+            raise SystemExit(f"stack_bundle: stack {self.stack}'s parts end before its {self.component['name']}")
+
+
+def reusable(folder: Path) -> dict[str, Reusable]:
+    """The components of the stack bundle in folder (its pNN part folders, e.g. .gpu/v0.32), by name."""
+    manifests = sorted(folder.glob("p*/manifest.json"))
+    if not manifests:
+        raise SystemExit(f"stack_bundle: --reuse {folder}: no stack bundle there (no pNN/manifest.json)")
+    manifest = json.loads(manifests[0].read_text())
+    parts = tuple((folder / part["path"], part["bytes"]) for part in manifest["parts"])
+    missing = [str(path) for path, _ in parts if not path.exists()]
+    if missing:
+        raise SystemExit(f"stack_bundle: --reuse {folder}: parts missing: {', '.join(missing)}")
+    found, offset = {}, 0
+    for component in manifest["components"]:
+        found[component["name"]] = Reusable(manifest["line"], manifest["xz_level"], component, parts, offset)
+        offset += component["xz_bytes"]
+    return found
+
+
+def same_stream(reused: Reusable, src, start: int, end: int) -> bool:
+    """Whether reused's xz stream decompresses to exactly src's bytes [start, end)."""
+    src.seek(start)
+    left = end - start
+    decompressor = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
+    for block in reused.read():
+        if decompressor.eof:
+            return False
+        data = decompressor.decompress(block)
+        if len(data) > left or src.read(len(data)) != data:
+            return False
+        left -= len(data)
+    return decompressor.eof and left == 0
+
+
+def compress_slices(plain: Path, cuts: list[tuple[str, int, int]], archive: Path, level: int,
+                    reuse: dict[str, Reusable] | None = None) -> tuple[dict[str, int], dict[str, str]]:
     """archive: each [start, end) of plain as its own xz stream, one after the other (xz and Python's lzma read
-    them as one); each component's compressed size."""
-    sizes = {}
+    them as one); each component's compressed size, and the components whose stream came from reuse (another
+    stack's, at the same xz level, checked to decompress to exactly this one's bytes) instead of xz."""
+    sizes, reused = {}, {}
     with open(archive, "wb") as out, open(plain, "rb") as src:
         for name, start, end in cuts:
             before = out.tell()
+            other = (reuse or {}).get(name)
+            if other is not None and other.level == level and same_stream(other, src, start, end):
+                for block in other.read():
+                    out.write(block)
+                out.flush()  # before an xz process writes to the same file descriptor
+                sizes[name] = out.tell() - before
+                reused[name] = other.stack
+                continue
             proc = subprocess.Popen(["xz", "-T0", f"-{level}", "-c"], stdin=subprocess.PIPE, stdout=out)
             src.seek(start)
             left = end - start
@@ -238,13 +379,16 @@ def compress_slices(plain: Path, cuts: list[tuple[str, int, int]], archive: Path
                 raise SystemExit(f"stack_bundle: xz failed on {name}")
             out.flush()
             sizes[name] = out.tell() - before
-    return sizes
+    return sizes, reused
 
 
 def build(line_name: str, out: Path, extras: tuple[str, ...], work: Path, level: int = 6,
-          part_bytes: int = PART_BYTES, wheels: dict[str, list[Path]] | None = None, python: str | None = None) -> dict:
+          part_bytes: int = PART_BYTES, wheels: dict[str, list[Path]] | None = None, python: str | None = None,
+          reuse: Path | None = None) -> dict:
     """The bundle of line line_name (see resolve) in out/pNN. wheels (component name -> wheel files) replaces the
-    downloads, python the line's Python (tests)."""
+    downloads, python the line's Python (tests). reuse: another stack bundle's folder (.gpu/v0.32), whose
+    components' xz streams stand for this one's where they hold exactly the same bytes (v0.27's torch, triton and
+    NCCL are v0.32's), which saves xz most of its time."""
     line_name, series = resolve(line_name)
     line = LINES[line_name]
     python = python or line.python
@@ -252,13 +396,18 @@ def build(line_name: str, out: Path, extras: tuple[str, ...], work: Path, level:
         pin = series.pin
         dl = work / "wheels"
         nvidia = line.nvidia + tuple(line.optional[e] for e in extras)
-        wheels = {
+        wheels = {} if line.host_torch else {
             "torch": _wheels((line.torch,), dl / "torch", line.python),
             "triton": _wheels((line.triton,), dl / "triton", line.python),
             "nvidia": _wheels(nvidia, dl / "nvidia", line.python),
+        }
+        wheels |= {
             "vllm": [fetch(pin.wheel)],
             "deps": _wheels(line.deps, dl / "deps", line.python),
         }
+    expected = ["vllm", "deps"] if line.host_torch else ["torch", "triton", "nvidia", "vllm", "deps"]
+    if list(wheels) != expected:
+        raise SystemExit(f"stack_bundle: stack {line_name} is made of {', '.join(expected)}, not {', '.join(wheels)}")
     rules = {"torch": TORCH_DROPPED, "triton": TRITON_DROPPED, "vllm": VLLM_DROPPED}
     plain = work / "stack.tar"
     cuts, components, seen, start = [], [], set(), 0
@@ -274,7 +423,7 @@ def build(line_name: str, out: Path, extras: tuple[str, ...], work: Path, level:
     # the tar's end-of-archive blocks go with the last component
     cuts[-1] = (cuts[-1][0], cuts[-1][1], plain.stat().st_size)
     archive = work / "stack.tar.xz"
-    sizes = compress_slices(plain, cuts, archive, level)
+    sizes, reused = compress_slices(plain, cuts, archive, level, reusable(reuse) if reuse else None)
     plain.unlink()
     for c in components:
         c["xz_bytes"] = sizes[c["name"]]
@@ -283,13 +432,15 @@ def build(line_name: str, out: Path, extras: tuple[str, ...], work: Path, level:
         shutil.rmtree(out)
     out.mkdir(parents=True)
     parts = [_renumber(p, out) for p in split(archive, out, part_bytes)]
-    note = (f"stack {line_name}: " + ", ".join(Path(w).name for c in components if c["name"] != "deps"
-                                                for w in c["wheels"])
+    note = (f"stack {line_name}: " + ("the host's torch and triton, " if line.host_torch else "")
+            + ", ".join(Path(w).name for c in components if c["name"] != "deps" for w in c["wheels"])
             + f" (slimmed) + {len(components[-1]['wheels'])} Python packages; xz -{level}")
-    info = {"line": line_name, "python": python, "host": line.host, "xz_level": level,
+    info = {"line": line_name, "python": python, "host": line.host, "host_torch": line.host_torch,
+            "xz_level": level,
             "components": components, "dropped": {k: list(v) for k, v in rules.items()},
             "dropped_always": [*DROPPED_ALWAYS, *DROPPED_ALWAYS_DIRS], "why": line.why,
-            "cudnn_travels": any("cudnn" in w for c in components for w in c["wheels"]), "note": note}
+            "cudnn_travels": any("cudnn" in w for c in components for w in c["wheels"]), "note": note,
+            "reused": reused}
     manifest = write_manifest(out, parts, archive, digest, info)
     archive.unlink()
     return manifest
@@ -313,6 +464,9 @@ def main() -> int:
         sorted({e for line in LINES.values() for e in line.optional})) + " (nvidia libraries that need not travel)")
     parser.add_argument("--level", type=int, default=6, choices=range(0, 10), help="xz preset (default 6)")
     parser.add_argument("--work", type=Path, help="scratch folder (default a temporary one in /tmp)")
+    parser.add_argument("--reuse", type=Path, help="a made stack bundle's folder (e.g. .gpu/v0.32): its xz streams "
+                        "of components identical to this stack's (same wheels, same bytes, same --level) are copied "
+                        "instead of compressed again")
     args = parser.parse_args()
     stack, _ = resolve(args.line)
     out = args.out or PROJECT / ".gpu" / stack
@@ -321,10 +475,11 @@ def main() -> int:
     if unknown:
         parser.error(f"--with {','.join(unknown)}: not one of {', '.join(sorted(LINES[stack].optional))}")
     with tempfile.TemporaryDirectory(dir=args.work) as tmp:
-        manifest = build(stack, out, extras, Path(tmp), args.level)
+        manifest = build(stack, out, extras, Path(tmp), args.level, reuse=args.reuse)
     for c in manifest["components"]:
+        source = f" (stack {manifest['reused'][c['name']]}'s stream)" if c["name"] in manifest["reused"] else ""
         print(f"{c['name']:7} {c['kept_bytes'] / 2**20:8.1f} MiB kept, {c['dropped_bytes'] / 2**20:7.1f} MiB dropped, "
-              f"xz -{args.level}: {c['xz_bytes'] / 2**20:7.1f} MiB  ({', '.join(c['wheels'][:4])}"
+              f"xz -{args.level}: {c['xz_bytes'] / 2**20:7.1f} MiB{source}  ({', '.join(c['wheels'][:4])}"
               f"{', ...' if len(c['wheels']) > 4 else ''})")
     total = manifest["archive_bytes"]
     print(f"archive {total / 2**20:.1f} MiB, sha256 {manifest['archive_sha256']}: {len(manifest['parts'])} parts "
