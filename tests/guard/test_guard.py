@@ -33,7 +33,7 @@ def data(setup_module) -> list[dict]:
 
 def test_data_is_the_tools_reading_of_every_line(data):
     lines = lines_of(PROJECT)
-    assert [d["name"] for d in data] == [line.name for line in lines] == ["current", "v0.20", "v0.32"]
+    assert [d["name"] for d in data] == [line.name for line in lines] == ["current", "v0.20", "v0.25", "v0.27", "v0.32"]
     for entry, line in zip(data, lines, strict=True):
         series = line.load()
         assert entry["version"] == series.pin.version
@@ -44,9 +44,11 @@ def test_data_is_the_tools_reading_of_every_line(data):
 
 
 def test_each_covered_release_finds_its_line(guard, data):
-    assert {v: guard.line_for(v, data)["name"] for v in ("0.33.0", "0.32.0", "0.20.0", "0.20.2")} == {
-        "0.33.0": "current", "0.32.0": "v0.32", "0.20.0": "v0.20", "0.20.2": "v0.20"}
-    assert guard.line_for("0.27.1", data) is None
+    covered = ("0.33.0", "0.32.0", "0.27.1", "0.27.0", "0.25.1", "0.25.0", "0.20.0", "0.20.2")
+    assert {v: guard.line_for(v, data)["name"] for v in covered} == {
+        "0.33.0": "current", "0.32.0": "v0.32", "0.27.1": "v0.27", "0.27.0": "v0.27", "0.25.1": "v0.25",
+        "0.25.0": "v0.25", "0.20.0": "v0.20", "0.20.2": "v0.20"}
+    assert guard.line_for("0.28.0", data) is None and guard.line_for("0.26.0", data) is None
 
 
 def test_data_follows_the_series_it_is_built_from(setup_module, tmp_path):

@@ -72,7 +72,7 @@ def test_the_wheel_carries_the_generated_data_and_the_entry_point(guard_wheel):
         entry_points = whl.read("vllm_patch_guard-0.1.0.dist-info/entry_points.txt").decode()
     assert [(d["name"], d["version"], d["digest"]) for d in data["lines"]] == [
         (line, line_named(PROJECT, line).load().pin.version, line_named(PROJECT, line).load().digest)
-        for line in ("current", "v0.20", "v0.32")]
+        for line in ("current", "v0.20", "v0.25", "v0.27", "v0.32")]
     assert "[vllm.general_plugins]\nvllm_patch_guard = vllm_patch_guard:check" in entry_points
 
 

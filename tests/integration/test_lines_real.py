@@ -1,8 +1,9 @@
 """Every release line checks against its own pinned release's sdist: the current line (the top-level series,
-vLLM 0.33.0), line v0.32 (the current line's fixes rebased onto 0.32.0) and the maintained line v0.20 (vLLM
-0.20.0), which also applies to the later 0.20.x patch releases (the line's users upgrade within it). A line
-that carries the current line's fixes to an earlier release passes the current line's tests on that release's
-own files."""
+vLLM 0.33.0), lines v0.32, v0.27 and v0.25 (the current line's fixes carried to 0.32.0, 0.27.1 and 0.25.1) and
+the maintained line v0.20 (vLLM 0.20.0). A line also proven on other releases (``#: also``: 0.20.1 and 0.20.2
+for line v0.20, 0.27.0 and 0.25.0 for lines v0.27 and v0.25) applies cleanly to each of them and is chosen for
+them by itself. A line that carries the current line's fixes to an earlier release passes the current line's
+tests on that release's own files."""
 
 from __future__ import annotations
 
@@ -22,9 +23,11 @@ pytestmark = pytest.mark.integration
 
 PROJECT = Path(__file__).resolve().parents[2]
 # The lines CI must check, with the release each is pinned to.
-MAINTAINED = {CURRENT: "0.33.0", "v0.32": "0.32.0", "v0.20": "0.20.0"}
+MAINTAINED = {CURRENT: "0.33.0", "v0.32": "0.32.0", "v0.27": "0.27.1", "v0.25": "0.25.1", "v0.20": "0.20.0"}
+# The other releases each line is proven on (its series' ``#: also``).
+ALSO = {"v0.20": ("0.20.1", "0.20.2"), "v0.27": ("0.27.0",), "v0.25": ("0.25.0",)}
 # Lines whose patches are the current line's, rebased: the current line's tests (tests/lines/v0_33) run on them.
-CARRY_THE_CURRENT_LINE = ("v0.32",)
+CARRY_THE_CURRENT_LINE = ("v0.32", "v0.27", "v0.25")
 
 
 def test_the_maintained_lines_are_there_with_their_pins():
@@ -40,18 +43,23 @@ def test_each_line_checks_on_its_pinned_release(line):
     assert "apply cleanly" in result.stdout and f"vLLM found: {version} " in result.stdout
 
 
-def test_the_v0_20_line_applies_to_the_later_0_20_releases():
-    """The releases line v0.20 declares (``#: also``) are the ones checked here."""
-    assert line_named(PROJECT, "v0.20").load().pin.also == ("0.20.1", "0.20.2")
-    result = run_cli("--line", "v0.20", "outlook", "--releases", "0.20.1,0.20.2", "--json", cwd=PROJECT)
+def test_the_releases_each_line_declares_are_the_ones_checked_here():
+    assert {line.name: line.load().pin.also for line in lines_of(PROJECT) if line.load().pin.also} == ALSO
+
+
+@pytest.mark.parametrize("line", sorted(ALSO))
+def test_a_line_applies_cleanly_to_the_other_releases_it_declares(line):
+    """Every patch applies cleanly, in series order, to each release the line declares besides its pin."""
+    releases = ALSO[line]
+    result = run_cli("--line", line, "outlook", "--releases", ",".join(releases), "--json", cwd=PROJECT)
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
-    assert data["pin"]["version"] == "0.20.0"
-    releases = {r["version"]: r for r in data["releases"]}
-    assert set(releases) >= {"0.20.1", "0.20.2"}
-    for version in ("0.20.1", "0.20.2"):
-        states = {name: cell["stacked"]["state"] for name, cell in releases[version]["patches"].items()}
-        assert len(states) == len(line_named(PROJECT, "v0.20").load().patches), (version, states)
+    assert data["pin"]["version"] == MAINTAINED[line]
+    found = {r["version"]: r for r in data["releases"]}
+    assert set(found) >= set(releases)
+    for version in releases:
+        states = {name: cell["stacked"]["state"] for name, cell in found[version]["patches"].items()}
+        assert len(states) == len(line_named(PROJECT, line).load().patches), (version, states)
         assert set(states.values()) == {"clean"}, (version, states)
 
 
@@ -68,7 +76,9 @@ def test_the_current_lines_tests_pass_on_the_line_and_fail_on_its_release(line):
     assert " passed" in result.stdout.splitlines()[-1] and " failed" not in result.stdout.splitlines()[-1]
 
 
-@pytest.mark.parametrize(("version", "line"), [("0.20.1", "v0.20"), ("0.20.2", "v0.20"), ("0.32.0", "v0.32")])
+@pytest.mark.parametrize(("version", "line"), [("0.20.1", "v0.20"), ("0.20.2", "v0.20"), ("0.25.0", "v0.25"),
+                                               ("0.25.1", "v0.25"), ("0.27.0", "v0.27"), ("0.27.1", "v0.27"),
+                                               ("0.32.0", "v0.32")])
 def test_a_release_a_line_covers_gets_it_without_force(version, line, tmp_path):
     """The releases a line is pinned to or declares: apply, status and revert choose it by themselves, and revert
     restores the tree byte for byte; no line for it was the current line's conflicts before."""
