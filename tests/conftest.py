@@ -19,7 +19,8 @@ BASE = {
 
 
 # Fixtures holding the real release's trees: they download its sdist (once, cached).
-REAL_TREES = {"pristine_tree", "patched_tree", "patch1_tree", "v033_pristine_tree", "v033_tree"}
+REAL_TREES = {"pristine_tree", "patched_tree", "patch1_tree", "v033_pristine_tree", "v033_tree", "v027_pristine_tree",
+              "v027_tree", "v025_pristine_tree", "v025_tree"}
 
 
 @pytest.hookimpl(tryfirst=True)
