@@ -47,11 +47,11 @@ def pristine() -> Path:
     return tree_from_env("VLLM_PATCH_PRISTINE_TREE") or pinned_base_tree(line_series().pin, quiet=True)
 
 
-def patched_copy(base: Path, dest: Path, upto: str | None = None) -> Path:
-    """dest holding a copy of base's ``vllm/`` with LINE's series applied through the tool (all or nothing),
-    up to and including the patch named ``upto`` when given. Files the series touches outside ``vllm/``
-    are copied too."""
-    series = line_series()
+def patched_copy(base: Path, dest: Path, upto: str | None = None, series: Series | None = None) -> Path:
+    """dest holding a copy of base's ``vllm/`` with ``series`` (default LINE's) applied through the tool (all or
+    nothing), up to and including the patch named ``upto`` when given. Files the series touches outside
+    ``vllm/`` are copied too."""
+    series = series or line_series()
     if upto is not None:
         series = dataclasses.replace(series, patches=series.patches[: series.names.index(upto) + 1])
     shutil.copytree(base / "vllm", dest / "vllm", ignore=shutil.ignore_patterns("__pycache__"))
@@ -61,3 +61,4 @@ def patched_copy(base: Path, dest: Path, upto: str | None = None) -> Path:
             shutil.copy2(base / rel, dest / rel)
     apply(TreeTarget(dest), series)
     return dest
+

@@ -186,27 +186,21 @@ V025_DEPS = tuple(sorted(({*V027_DEPS} - {*V025_LEAVES})
                          | {"apache-tvm-ffi==0.1.9", "xgrammar==0.2.3", "diskcache==5.6.3"},
                          key=lambda spec: spec.split("==")[0].lower()))
 
+# The stack of torch 2.13.0 (vLLM 0.27 to 0.32): the same torch, triton and NVIDIA libraries for each of its lines.
+TORCH_2_13 = {
+    "torch": "torch==2.13.0", "triton": "triton==3.7.1", "nvidia": ("nvidia-nccl-cu13==2.29.7",),
+    "optional": {"cudnn": "nvidia-cudnn-cu13==9.20.0.48", "cublas": "nvidia-cublas==13.1.1.3",
+                 "cusparselt": "nvidia-cusparselt-cu13==0.8.1"},
+    "why": {"nvidia-nccl-cu13": "libtorch_cuda.so needs 8 symbols NCCL 2.28.9 lacks (ncclCommSuspend, ...)"},
+}
+
 LINES = {
     "v0.25": Line(
         torch=HOST, triton=HOST, nvidia=(), optional={}, deps=V025_DEPS,
         host="torch 2.11.0+cu130, triton 3.6.0, torchvision 0.26.0 and the packages of HOST_PACKAGES: the stack's own",
     ),
-    "v0.27": Line(
-        torch="torch==2.13.0", triton="triton==3.7.1",
-        nvidia=("nvidia-nccl-cu13==2.29.7",),
-        optional={"cudnn": "nvidia-cudnn-cu13==9.20.0.48", "cublas": "nvidia-cublas==13.1.1.3",
-                  "cusparselt": "nvidia-cusparselt-cu13==0.8.1"},
-        deps=V027_DEPS,
-        why={"nvidia-nccl-cu13": "libtorch_cuda.so needs 8 symbols NCCL 2.28.9 lacks (ncclCommSuspend, ...)"},
-    ),
-    "v0.32": Line(
-        torch="torch==2.13.0", triton="triton==3.7.1",
-        nvidia=("nvidia-nccl-cu13==2.29.7",),
-        optional={"cudnn": "nvidia-cudnn-cu13==9.20.0.48", "cublas": "nvidia-cublas==13.1.1.3",
-                  "cusparselt": "nvidia-cusparselt-cu13==0.8.1"},
-        deps=V032_DEPS,
-        why={"nvidia-nccl-cu13": "libtorch_cuda.so needs 8 symbols NCCL 2.28.9 lacks (ncclCommSuspend, ...)"},
-    ),
+    "v0.27": Line(**TORCH_2_13, deps=V027_DEPS),
+    "v0.32": Line(**TORCH_2_13, deps=V032_DEPS),
     "v0.33": Line(
         torch="torch==2.14.0", triton="triton==3.8.0",
         nvidia=("nvidia-nccl-cu13==2.30.7",),

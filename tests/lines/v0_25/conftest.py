@@ -8,7 +8,6 @@ line makes pass)."""
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -24,9 +23,7 @@ sys.path.insert(0, str(HERE.parents[1] / "kernels"))  # vllm_tree, references
 
 from vllm_patch.infrastructure.downloads import pinned_base_tree  # noqa: E402
 from vllm_patch.lines import line_named  # noqa: E402
-from vllm_patch.operations import apply  # noqa: E402
-from vllm_patch.targets.tree import TreeTarget  # noqa: E402
-from vllm_trees import PROJECT, tree_from_env  # noqa: E402
+from vllm_trees import PROJECT, patched_copy, tree_from_env  # noqa: E402
 
 LINE = "v0.25"
 
@@ -46,7 +43,4 @@ def v025_tree(v025_pristine_tree, v025_series, tmp_path_factory) -> Path:
     chosen = tree_from_env("VLLM_PATCH_V025_TREE")
     if chosen is not None:
         return chosen
-    dest = tmp_path_factory.mktemp("v025-patched")
-    shutil.copytree(v025_pristine_tree / "vllm", dest / "vllm", ignore=shutil.ignore_patterns("__pycache__"))
-    apply(TreeTarget(dest), v025_series)
-    return dest
+    return patched_copy(v025_pristine_tree, tmp_path_factory.mktemp("v025-patched"), series=v025_series)

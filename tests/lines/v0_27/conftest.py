@@ -10,17 +10,14 @@ which tests the line makes pass; ``$VLLM_PATCH_V027_PRISTINE_TREE`` likewise for
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
 from vllm_patch.infrastructure.downloads import pinned_base_tree
 from vllm_patch.lines import line_named
-from vllm_patch.operations import apply
 from vllm_patch.series import Series
-from vllm_patch.targets.tree import TreeTarget
-from vllm_trees import PROJECT, tree_from_env
+from vllm_trees import PROJECT, patched_copy, tree_from_env
 
 LINE = "v0.27"
 
@@ -43,7 +40,4 @@ def v027_tree(v027_pristine_tree: Path, v027_series: Series, tmp_path_factory) -
     chosen = tree_from_env("VLLM_PATCH_V027_TREE") or tree_from_env("VLLM_PATCH_BASE_UNDER_TEST")
     if chosen is not None:
         return chosen
-    dest = tmp_path_factory.mktemp("v027-patched")
-    shutil.copytree(v027_pristine_tree / "vllm", dest / "vllm", ignore=shutil.ignore_patterns("__pycache__"))
-    apply(TreeTarget(dest), v027_series)
-    return dest
+    return patched_copy(v027_pristine_tree, tmp_path_factory.mktemp("v027-patched"), series=v027_series)

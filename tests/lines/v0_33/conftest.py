@@ -15,7 +15,6 @@ so for every such line).
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -31,10 +30,8 @@ sys.path.insert(0, str(HERE.parents[1] / "kernels"))  # vllm_tree
 
 from vllm_patch.infrastructure.downloads import pinned_base_tree  # noqa: E402
 from vllm_patch.lines import line_for, line_named  # noqa: E402
-from vllm_patch.operations import apply  # noqa: E402
 from vllm_patch.series import Series  # noqa: E402
-from vllm_patch.targets.tree import TreeTarget  # noqa: E402
-from vllm_trees import PROJECT, tree_from_env  # noqa: E402
+from vllm_trees import PROJECT, patched_copy, tree_from_env  # noqa: E402
 
 VERSION = "0.33.0"
 
@@ -60,7 +57,4 @@ def v033_tree(v033_pristine_tree: Path, v033_series: Series, tmp_path_factory) -
     chosen = tree_from_env("VLLM_PATCH_V033_TREE") or tree_from_env("VLLM_PATCH_BASE_UNDER_TEST")
     if chosen is not None:
         return chosen
-    dest = tmp_path_factory.mktemp("v033-patched")
-    shutil.copytree(v033_pristine_tree / "vllm", dest / "vllm", ignore=shutil.ignore_patterns("__pycache__"))
-    apply(TreeTarget(dest), v033_series)
-    return dest
+    return patched_copy(v033_pristine_tree, tmp_path_factory.mktemp("v033-patched"), series=v033_series)
