@@ -31,8 +31,6 @@ from stack_bundle import (
 )
 from stack_parts import StackError, assemble, check
 
-from vllm_patch.infrastructure.downloads import cache_root
-
 HERE = Path(__file__).resolve().parent
 STACK_SH = HERE / "stack.sh"
 REQUIRES = HERE / "requires"
@@ -67,18 +65,9 @@ def noise(n: int, seed: int) -> bytes:
     return random.Random(seed).randbytes(n)
 
 
-def line_here(stack: str) -> None:
-    """Skip where this checkout lacks the stack's line (lines/v0.27 and lines/v0.25 come with their own branches)."""
-    try:
-        resolve(stack)
-    except SystemExit as e:
-        pytest.skip(f"no line for stack {stack} in this checkout: {e}")
-
-
 @pytest.fixture(params=sorted(VERSIONS))
 def stack(request) -> str:
     """Every stack with a recipe goes through the same build, split, check and assembly."""
-    line_here(request.param)
     return request.param
 
 
@@ -293,13 +282,16 @@ def test_a_recipe_against_its_release_is_caught():
     assert contradictions("v0.25", v025) == ["torch==2.11.0: carried 2.13.0"]
 
 
-@pytest.mark.parametrize("version", sorted(RELEASES.values()))
-def test_requires_are_the_wheels(version):
-    """tests/gpu/requires/ holds each pinned wheel's own Requires-Dist (checked where the tool's download cache
-    has the wheel: `vllm-patch` fetched it, or make gpu-stack-bundle did)."""
-    wheel_path = cache_root() / "downloads" / f"vllm-{version}-cp38-abi3-manylinux_2_28_x86_64.whl"
-    if not wheel_path.exists():
-        pytest.skip(f"{wheel_path} is not downloaded")
+@pytest.mark.integration
+@pytest.mark.parametrize(("stack", "version"), sorted(RELEASES.items()))
+def test_requires_are_the_wheels(stack, version):
+    """tests/gpu/requires/ holds each pinned wheel's own Requires-Dist (the wheel from the index, checked against
+    the line's pinned sha256, downloaded once and cached)."""
+    from vllm_patch.infrastructure.downloads import fetch
+
+    _, series = resolve(stack)
+    assert series.pin.version == version
+    wheel_path = fetch(series.pin.wheel, quiet=True)
     with zipfile.ZipFile(wheel_path) as zf:
         metadata = zf.read(f"vllm-{version}.dist-info/METADATA").decode()
     expected = [line.removeprefix("Requires-Dist: ") for line in metadata.splitlines()
