@@ -62,3 +62,22 @@ def patched_copy(base: Path, dest: Path, upto: str | None = None, series: Series
     apply(TreeTarget(dest), series)
     return dest
 
+
+
+def obsolete_verdicts(series: Series, name: str, trees: dict[str, Path]) -> dict[str, object]:
+    """Patch ``name``'s ``Obsolete-If: test`` checks run on each tree as ``outlook`` and ``rebase`` run them
+    (the project's tests, ``$VLLM_PATCH_BASE_UNDER_TEST`` naming the tree): a verdict, or None where no part
+    holds."""
+    from vllm_patch.lifecycle.obsolete import Judge, conditions, project_test_runner
+
+    patch = next(p for p in series.patches if p.name == name)
+    conds = conditions(patch)
+    assert conds and all(c.op == "test" for c in conds), f"{name}: {[c.source for c in conds]}"
+    verdicts: dict[str, object] = {}
+    for label, tree in trees.items():
+        def read(paths, root=tree):
+            return {p: (root / p).read_bytes() if (root / p).is_file() else None for p in paths}
+        judge = Judge(read, project_test_runner(PROJECT, lambda t=tree: t))
+        judge.prepare([patch])
+        verdicts[label] = judge.judge(patch)
+    return verdicts

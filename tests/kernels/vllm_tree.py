@@ -83,6 +83,9 @@ class _Platform:
     def fp8_dtype(self) -> torch.dtype:
         return torch.float8_e4m3fn
 
+    def is_pin_memory_available(self) -> bool:
+        return False
+
 
 def _shim_triton_utils(module: ModuleType) -> None:
     import triton

@@ -2,8 +2,8 @@
 with ``VLLM_PATCH_V033_LINE=v0.25``) cannot express: 0.25.1-only plumbing of the line's patches.
 
 ``v025_pristine_tree`` is the 0.25.1 sdist (``$VLLM_PATCH_V025_PRISTINE_TREE`` another tree), ``v025_tree`` a
-copy of it with line v0.25 applied (``$VLLM_PATCH_V025_TREE`` another tree: the pristine one shows which tests the
-line makes pass)."""
+copy of it with line v0.25 applied (``$VLLM_PATCH_V025_TREE``, else ``$VLLM_PATCH_BASE_UNDER_TEST`` (an
+``Obsolete-If: test`` check's tree), another tree: the pristine one shows which tests the line makes pass)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def v025_pristine_tree(v025_series) -> Path:
 
 @pytest.fixture(scope="session")
 def v025_tree(v025_pristine_tree, v025_series, tmp_path_factory) -> Path:
-    chosen = tree_from_env("VLLM_PATCH_V025_TREE")
+    chosen = tree_from_env("VLLM_PATCH_V025_TREE") or tree_from_env("VLLM_PATCH_BASE_UNDER_TEST")
     if chosen is not None:
         return chosen
     return patched_copy(v025_pristine_tree, tmp_path_factory.mktemp("v025-patched"), series=v025_series)

@@ -1,0 +1,21 @@
+"""Line v0.25's own patch (0005) judges by behaviour, as the current line's do (tests/lines/v0_33 judges
+0001-0004 on this line with ``VLLM_PATCH_V033_LINE=v0.25``): its ``Obsolete-If: test`` check, run the way
+``outlook`` and ``rebase`` run it, calls it still needed on 0.25.1 and obsolete on a tree that has the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_trees import obsolete_verdicts
+
+OWN = ("0005-v1-turboquant-kv-cache-shape-with-its-preset.patch",)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", OWN)
+def test_still_needed_on_the_release_and_obsolete_where_the_fix_is(v025_series, v025_pristine_tree, v025_tree,
+                                                                    name):
+    verdicts = obsolete_verdicts(v025_series, name, {"release": v025_pristine_tree, "line": v025_tree})
+    assert verdicts["release"] is None, f"{name} on {v025_series.pin.version}: {verdicts['release'].describe()}"
+    assert verdicts["line"] is not None and verdicts["line"].whole, \
+        f"{name} with the line: {verdicts['line'].describe() if verdicts['line'] else 'no part holds'}"
