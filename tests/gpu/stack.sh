@@ -16,7 +16,8 @@
 #   tests/gpu/stack.sh run LINE CMD...   CMD with the prefix first on PYTHONPATH and its nvidia libraries first
 #                                        on LD_LIBRARY_PATH (then the host's); prints torch/triton/CUDA first
 #   tests/gpu/stack.sh scenarios LINE ARGS...  the harness on the line's vLLM, unpatched and patched
-#                                        (VP_RUNNER=v1: engines under test on Model Runner V1, labels *-v1)
+#                                        (VP_RUNNER=v1 or v2: engines under test on Model Runner V1 or V2,
+#                                        labels *-v1/*-v2; unset: the release's default, V2 from 0.33)
 #   tests/gpu/stack.sh tests LINE ARGS...      pytest (tests/lines/vX_Y) on both trees with the line's torch
 #                                        (VP_TESTS_TREE=unpatched: the tests against the release alone)
 #   tests/gpu/stack.sh bench LINE ARGS...      benchmarks/bench_spec_e2e.py on both trees (ARGS: --group ...)
@@ -188,18 +189,21 @@ make_trees_locked() {
 
 # The harness on both trees with the prefix's torch. ARGS go to `python -m harness run` (e.g. --scenarios f-).
 scenarios() {
-    local line=${1:-} dir trees version series suffix=""
+    local line=${1:-} dir trees version series suffix="" runner=""
     shift || true
+    case "${VP_RUNNER:-}" in
+        v1) runner=0; suffix=-v1 ;;
+        v2) runner=1; suffix=-v2 ;;
+        "") ;;
+        *) die "VP_RUNNER is v1 or v2 (unset: the release's default runner), not ${VP_RUNNER}" ;;
+    esac
     dir=$(line_dir "$line") || exit 2
     make_trees "$line"
     trees=$dir/trees
     series=$(series_dir "$line") || exit 2
     version=$(pin_version "$series") || exit 2
     eval "$(stack_env "$line")"
-    if [ "${VP_RUNNER:-v2}" = v1 ]; then
-        export VLLM_USE_V2_MODEL_RUNNER=0
-        suffix=-v1
-    fi
+    [ -z "$runner" ] || export VLLM_USE_V2_MODEL_RUNNER=$runner
     cd "$ROOT/tests/gpu"
     "$PY" -m harness run --tree "unpatched$suffix=$trees/unpatched" --tree "patched$suffix=$trees/patched" \
         --work "$dir/work" --out "${VP_REPORT:-$ROOT/tests/gpu/reports}" --title "vLLM $version" "$@"

@@ -475,3 +475,11 @@ def test_reuse_takes_identical_streams_and_compresses_the_rest(tmp_path, wheels,
     other = build(stack, tmp_path / "d", (), work, level=2, part_bytes=40_000, wheels=wheels, python=python,
                   reuse=tmp_path / "a")
     assert other["reused"] == {}
+
+
+def test_scenarios_refuses_an_unknown_runner_before_touching_anything(tmp_path):
+    env = {**os.environ, "VP_HOME": str(tmp_path), "PYTHON": sys.executable, "VP_RUNNER": "v3"}
+    proc = subprocess.run(["bash", str(STACK_SH), "scenarios", "v0.33"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "VP_RUNNER is v1 or v2" in proc.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -22,6 +22,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import tq_harness
+
 import vllm_tree
 
 pytestmark = pytest.mark.integration

@@ -1,6 +1,6 @@
-"""Line v0.25's own patch (0005) judges by behaviour, as the current line's do (tests/lines/v0_33 judges
-0001-0004 on this line with ``VLLM_PATCH_V033_LINE=v0.25``): its ``Obsolete-If: test`` check, run the way
-``outlook`` and ``rebase`` run it, calls it still needed on 0.25.1 and obsolete on a tree that has the fix."""
+"""Line v0.25's own patches (0005, 0006) judge by behaviour, as the current line's do (tests/lines/v0_33 judges
+0001-0004 on this line with ``VLLM_PATCH_V033_LINE=v0.25``): their ``Obsolete-If: test`` checks, run the way
+``outlook`` and ``rebase`` run them, call each still needed on 0.25.1 and obsolete on a tree that has the fix."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ import pytest
 
 from vllm_trees import obsolete_verdicts
 
-OWN = ("0005-v1-turboquant-kv-cache-shape-with-its-preset.patch",)
+OWN = (
+    "0005-v1-turboquant-kv-cache-shape-with-its-preset.patch",
+    "0006-gdn-zero-draft-decodes-on-the-spec-path.patch",
+)
 
 
 @pytest.mark.integration

@@ -10,6 +10,7 @@ which tests the line makes pass; ``$VLLM_PATCH_V027_PRISTINE_TREE`` likewise for
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,10 @@ from vllm_patch.infrastructure.downloads import pinned_base_tree
 from vllm_patch.lines import line_named
 from vllm_patch.series import Series
 from vllm_trees import PROJECT, patched_copy, tree_from_env
+
+HERE = Path(__file__).parent
+# zero_draft (tests/lines), its tq_harness (tests/lines/v0_33) and vllm_tree (tests/kernels).
+sys.path[:0] = [str(HERE.parent), str(HERE.parent / "v0_33"), str(HERE.parents[1] / "kernels")]
 
 LINE = "v0.27"
 
