@@ -81,3 +81,11 @@ def obsolete_verdicts(series: Series, name: str, trees: dict[str, Path]) -> dict
         judge.prepare([patch])
         verdicts[label] = judge.judge(patch)
     return verdicts
+
+
+def assert_needed_then_obsolete(series: Series, name: str, release: Path, line: Path) -> None:
+    """A line's own patch: its checks call it still needed on its release and obsolete once its fix is there."""
+    verdicts = obsolete_verdicts(series, name, {"release": release, "line": line})
+    assert verdicts["release"] is None, f"{name} on {series.pin.version}: {verdicts['release'].describe()}"
+    assert verdicts["line"] is not None and verdicts["line"].whole, \
+        f"{name} with the line: {verdicts['line'].describe() if verdicts['line'] else 'no part holds'}"

@@ -122,3 +122,25 @@ def start_slots(tree: Path, rows: list[int] | None, accepted: list[int], num_spe
         return [int(s) for s in meta.non_spec_state_indices_tensor[:n]]
     assert meta.num_prefills == 0 and meta.num_decodes == 0, meta
     return [int(meta.spec_state_indices_tensor[i, int(meta.num_accepted_tokens[i]) - 1]) for i in range(n)]
+
+
+K = 3
+
+
+def check_runner_keeps_decodes_without_drafts_speculative(tree: Path) -> None:
+    # A step in which no request got drafts (ngram found no match): three decodes.
+    assert spec_rows(tree, [1, 1, 1], {}, computed=[50, 60, 70], prompt=[40, 40, 40], num_spec=K) == [0, 0, 0]
+    # A mixed step: a verify row with 2 drafts, a decode without, a prompt chunk, a prompt's last token.
+    assert spec_rows(tree, [3, 1, 5, 1], {0: 2}, computed=[50, 60, 10, 39], prompt=[40, 40, 40, 40],
+                     num_spec=K) == [2, 0, -1, -1]
+
+
+def check_gdn_starts_decodes_without_drafts_from_the_accepted_state(tree: Path) -> None:
+    rows = spec_rows(tree, [1, 1, 1], {}, computed=[50, 60, 70], prompt=[40, 40, 40], num_spec=K)
+    # The previous verify step accepted 3, 1 and 2 tokens: columns 2, 0 and 1 of rows 0, 1 and 2.
+    assert start_slots(tree, rows, accepted=[3, 1, 2], num_spec=K) == [2, 10, 21]
+
+
+def check_gdn_runs_a_step_of_zero_draft_rows_speculatively(tree: Path) -> None:
+    # The builder's half alone: given zero-draft rows, a step in which no row drafted is still a speculative step.
+    assert start_slots(tree, [0, 0, 0], accepted=[3, 1, 2], num_spec=K) == [2, 10, 21]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_trees import obsolete_verdicts
+from vllm_trees import assert_needed_then_obsolete
 
 OWN = (
     "0005-v1-turboquant-kv-cache-shape-with-its-preset.patch",
@@ -18,7 +18,4 @@ OWN = (
 @pytest.mark.parametrize("name", OWN)
 def test_still_needed_on_the_release_and_obsolete_where_the_fix_is(v025_series, v025_pristine_tree, v025_tree,
                                                                     name):
-    verdicts = obsolete_verdicts(v025_series, name, {"release": v025_pristine_tree, "line": v025_tree})
-    assert verdicts["release"] is None, f"{name} on {v025_series.pin.version}: {verdicts['release'].describe()}"
-    assert verdicts["line"] is not None and verdicts["line"].whole, \
-        f"{name} with the line: {verdicts['line'].describe() if verdicts['line'] else 'no part holds'}"
+    assert_needed_then_obsolete(v025_series, name, v025_pristine_tree, v025_tree)

@@ -15,24 +15,14 @@ import zero_draft
 
 pytestmark = pytest.mark.integration
 
-K = 3
-
 
 def test_runner_keeps_decodes_without_drafts_on_the_speculative_path(v027_tree):
-    # A step in which no request got drafts (ngram found no match): three decodes.
-    assert zero_draft.spec_rows(v027_tree, [1, 1, 1], {}, computed=[50, 60, 70], prompt=[40, 40, 40],
-                                num_spec=K) == [0, 0, 0]
-    # A mixed step: a verify row with 2 drafts, a decode without, a prompt chunk, a prompt's last token.
-    assert zero_draft.spec_rows(v027_tree, [3, 1, 5, 1], {0: 2}, computed=[50, 60, 10, 39],
-                                prompt=[40, 40, 40, 40], num_spec=K) == [2, 0, -1, -1]
+    zero_draft.check_runner_keeps_decodes_without_drafts_speculative(v027_tree)
 
 
 def test_gdn_starts_decodes_without_drafts_from_the_accepted_state(v027_tree):
-    rows = zero_draft.spec_rows(v027_tree, [1, 1, 1], {}, computed=[50, 60, 70], prompt=[40, 40, 40], num_spec=K)
-    # The previous verify step accepted 3, 1 and 2 tokens: columns 2, 0 and 1 of rows 0, 1 and 2.
-    assert zero_draft.start_slots(v027_tree, rows, accepted=[3, 1, 2], num_spec=K) == [2, 10, 21]
+    zero_draft.check_gdn_starts_decodes_without_drafts_from_the_accepted_state(v027_tree)
 
 
 def test_gdn_runs_a_step_of_zero_draft_rows_on_the_speculative_path(v027_tree):
-    # The builder's half alone: given zero-draft rows, a step in which no row drafted is still a speculative step.
-    assert zero_draft.start_slots(v027_tree, [0, 0, 0], accepted=[3, 1, 2], num_spec=K) == [2, 10, 21]
+    zero_draft.check_gdn_runs_a_step_of_zero_draft_rows_speculatively(v027_tree)
