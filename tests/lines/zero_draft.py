@@ -15,6 +15,12 @@ and run on stand-ins that hold only data:
   ``num_decode_draft_tokens``: which rows the builder receives as speculative rows (drafts, 0 for none) and
   which as plain rows (-1), or none at all when the step does not take the speculative path;
 - ``GDNAttentionMetadataBuilder.build``: the state slot each row starts from.
+
+On the release (0.25.1, 0.27.1), Model Runner V1 (the hybrids' default) takes the speculative path only in steps
+where some request has drafts (``use_spec_decode = len(scheduled_spec_decode_tokens) > 0``), marks decodes
+without drafts -1 (plain rows), and the GDN builder runs a step whose rows drafted nothing as a plain batch; both
+send such rows to ``block_table[:, 0]``, a stale state whenever the previous step accepted more than one token.
+Ngram leaves rows and whole steps without drafts whenever the prompt has no match.
 """
 
 from __future__ import annotations
@@ -127,7 +133,11 @@ def start_slots(tree: Path, rows: list[int] | None, accepted: list[int], num_spe
 K = 3
 
 
-def check_runner_keeps_decodes_without_drafts_speculative(tree: Path) -> None:
+# The tests, collected where a line's test module imports them; ``tree`` is that module's fixture: the line's
+# patched tree, or the release's to show them failing.
+
+
+def test_runner_keeps_decodes_without_drafts_on_the_speculative_path(tree: Path) -> None:
     # A step in which no request got drafts (ngram found no match): three decodes.
     assert spec_rows(tree, [1, 1, 1], {}, computed=[50, 60, 70], prompt=[40, 40, 40], num_spec=K) == [0, 0, 0]
     # A mixed step: a verify row with 2 drafts, a decode without, a prompt chunk, a prompt's last token.
@@ -135,12 +145,12 @@ def check_runner_keeps_decodes_without_drafts_speculative(tree: Path) -> None:
                      num_spec=K) == [2, 0, -1, -1]
 
 
-def check_gdn_starts_decodes_without_drafts_from_the_accepted_state(tree: Path) -> None:
+def test_gdn_starts_decodes_without_drafts_from_the_accepted_state(tree: Path) -> None:
     rows = spec_rows(tree, [1, 1, 1], {}, computed=[50, 60, 70], prompt=[40, 40, 40], num_spec=K)
     # The previous verify step accepted 3, 1 and 2 tokens: columns 2, 0 and 1 of rows 0, 1 and 2.
     assert start_slots(tree, rows, accepted=[3, 1, 2], num_spec=K) == [2, 10, 21]
 
 
-def check_gdn_runs_a_step_of_zero_draft_rows_speculatively(tree: Path) -> None:
+def test_gdn_runs_a_step_of_zero_draft_rows_on_the_speculative_path(tree: Path) -> None:
     # The builder's half alone: given zero-draft rows, a step in which no row drafted is still a speculative step.
     assert start_slots(tree, [0, 0, 0], accepted=[3, 1, 2], num_spec=K) == [2, 10, 21]
