@@ -166,11 +166,13 @@ def ci_matrix() -> list[Config]:
     """Per target: FP8 keys at the widest tiles (k8v4, Llama-8B, K+1=4: 16 x 1), and MSE keys where the widest
     tiles exceed the 99 KiB and 64 KiB parts (3bit_nc, Qwen3.6-27B, D=256, K+1=4: 32 rows x 256 must shrink
     there, and takes the widest on sm_80/sm_90); and on the ROCm targets, the FP8 preset at K+1=1 (bf16,
-    block size 16 throughout)."""
+    block size 16 throughout). And 4-bit keys at 64 rows x head dim 128 (4bit_nc, Llama-8B, K+1=16) on sm_80,
+    where the widest BLOCK_N spills kilobytes, and sm_90, where it does not."""
     out = []
     for t in TARGETS:
         out.append(Config(t.name, "k8v4", "bf16", 16, 4, "Llama-3.1-8B"))
         out.append(Config(t.name, "3bit_nc", "bf16", 16, 4, "Qwen3.6-27B TP1"))
+    out += [Config(t, "4bit_nc", "bf16", 16, 16, "Llama-3.1-8B") for t in ("sm_80", "sm_90")]
     return out
 
 

@@ -34,6 +34,7 @@ from references import build_tq_cache, tq_verify_ref, tq_verify_rows
 VERIFY = "vllm/v1/attention/ops/triton_turboquant_verify.py"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 H100, RTX_3090, T4, MI300X = (232448, 90, False), (101376, 86, False), (65536, 75, False), (65536, 0, True)
+A100 = (166912, 80, False)
 MSE = {"4bit_nc": 4, "k3v4_nc": 3, "3bit_nc": 3}
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning")
@@ -68,6 +69,21 @@ def test_consumer_parts_get_tiles_whose_operands_fit(mq, mse_bits):
     # 16-token steps only after every wider one.
     steps = [t.block_n for t in consumer]
     assert steps == sorted(steps, key=lambda n: n < 32)
+
+
+def test_a100_takes_narrower_steps_at_64_rows_of_4bit_keys(mq):
+    """Llama-8B (32/8, D 128) with K+1 = 16 is 64 rows: on sm_8x ptxas spills 4-5 KB per thread at BLOCK_N 128
+    with 4-bit keys (tests/gpu_fit), so the A100 starts at 64 tokens per step; the H100 keeps 128, and FP8 or
+    3-bit keys and fewer rows are left as they were."""
+    a100 = mq.tq_mq_verify_candidates(16, 4, 128, 4, False, _limits(mq, A100))
+    h100 = mq.tq_mq_verify_candidates(16, 4, 128, 4, False, _limits(mq, H100))
+    assert (a100[0].block_m, a100[0].block_n) == (64, 64)
+    assert (h100[0].block_m, h100[0].block_n) == (64, 128)
+    assert all(t.block_n <= 64 for t in a100 if t.block_m == 64)
+    assert any((t.block_m, t.block_n) == (32, 128) for t in a100)
+    assert mq.tq_mq_verify_candidates(4, 4, 128, 4, False, _limits(mq, A100))[0].block_n == 128
+    assert mq.tq_mq_verify_candidates(16, 4, 128, 0, True, _limits(mq, A100))[0].block_n == 128
+    assert mq.tq_mq_verify_candidates(16, 4, 128, 3, False, _limits(mq, A100))[0].block_n == 64
 
 
 def test_staged_bytes_match_the_compiled_kernels(mq):
