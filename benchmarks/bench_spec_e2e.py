@@ -1,7 +1,7 @@
 """Decode throughput with speculative decoding over a TurboQuant KV cache, end to end in vLLM,
 each configuration repeated and the runs interleaved.
 
-Two comparisons (`--group`):
+The comparisons (`--group`):
 
 - `llama`: a 1.1 B random Llama of 24 layers (TurboQuant k8v4 on 20 of them), ngram K=3. Patched
   FULL_AND_PIECEWISE (verify batches in FULL CUDA graphs) and PIECEWISE, against what users of
@@ -14,6 +14,15 @@ Two comparisons (`--group`):
   Releases from 0.21 take TurboQuant on hybrids: `--with-release` adds the release in PIECEWISE, the
   workaround there (its FULL_AND_PIECEWISE emits wrong tokens), as the baseline.
 
+- `drafter`: the drafter's K-1 decode steps on Model Runner V2: a 12-layer hybrid with Qwen3.6-27B's
+  attention heads (24/4 of 256) and its MTP layer, MTP K=3, TurboQuant k8v4, FULL_AND_PIECEWISE. The
+  line, whose TurboQuant builder lets the speculator refresh the draft metadata in place and run the
+  steps as one CUDA graph (patch 0005), against the line without that patch (tree `without`: the
+  metadata rebuilt on the host before each step, one graph per step; the baseline). Both verify alike,
+  so the difference in time per output token is the draft phase's. After the timed runs each engine
+  decodes the first 8 prompts once more, recording every proposal of its speculator (harness.drafts):
+  the fused drafter must propose exactly what the per-step one does. A tree given as `sabotaged` joins
+  that check only (a known bad tree the check must catch).
 - `verify`: the kernels of a verify batch over long contexts (`--context`, 8192 and 32768 in the
   report), the 1.1 B Llama with ngram K=3: patched FULL_AND_PIECEWISE with the multi-query kernel of
   patch 0007 (`VLLM_TURBOQUANT_ATTENTION_KERNEL=multi_query`) and with the routed decode kernel
@@ -29,6 +38,7 @@ and the trees of tests/gpu/host.sh; `tests/gpu/host.sh bench` runs it.
 
     python benchmarks/bench_spec_e2e.py --group llama --tree unpatched=DIR --tree patched=DIR --path SITE
     python benchmarks/bench_spec_e2e.py --group verify --context 32768 --tree unpatched=DIR --tree patched=DIR
+    python benchmarks/bench_spec_e2e.py --group drafter --tree without=DIR --tree patched=DIR [--tree sabotaged=DIR]
 """
 
 from __future__ import annotations
@@ -41,8 +51,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "gpu"))
 
+from harness.drafts import first_difference  # noqa: E402
 from harness.interleave import Fleet, ratio_of_medians, rotations, spread  # noqa: E402
-from harness.models import QWEN3_NEXT12, ModelSpec, build  # noqa: E402
+from harness.models import QWEN3_NEXT12, QWEN3_NEXT12_G6D256_MTP, ModelSpec, build  # noqa: E402
 from harness.scenarios import COMMON, Engine, Workload, mtp, ngram  # noqa: E402
 
 LLAMA_1B = ModelSpec(
@@ -113,13 +124,58 @@ def verify_configurations(context: int) -> tuple[list[tuple[str, str, Engine]], 
     ], "unpatched PIECEWISE"
 
 
-def configurations(group: str, context: int = 512,
-                   with_release: bool = False) -> tuple[list[tuple[str, str, Engine]], str]:
+# Labels of the drafter group's configurations checked for their drafts only (never timed) start with this.
+CHECK_ONLY = "check: "
+
+
+def drafter_configurations(sabotaged: bool) -> tuple[list[tuple[str, str, Engine]], str]:
+    """The drafter group: the fused drafter (the line) against the per-step one (the line without 0005), on the
+    test hybrid in the users' attention geometry (24/4 heads of 256; 12 layers of width 512)."""
+    model = QWEN3_NEXT12_G6D256_MTP
+    workload = (Workload("decode", bench_prompts(model.config["vocab_size"]), max_tokens=256),)
+    kwargs = {**COMMON, "max_model_len": 2048, "kv_cache_memory_bytes": 4 << 30, "gpu_memory_utilization": 0.1,
+              "kv_cache_dtype": "turboquant_k8v4", "additional_config": {"gdn_prefill_backend": "triton"},
+              "speculative_config": mtp(3)}
+    engine = Engine(model=model, kwargs=kwargs, workloads=workload, env=(("VLLM_USE_V2_MODEL_RUNNER", "1"),))
+    rows = [("mtp per-step drafter FULL_AND_PIECEWISE", "without", engine),
+            ("mtp fused drafter FULL_AND_PIECEWISE", "patched", engine)]
+    if sabotaged:
+        rows.append((f"{CHECK_ONLY}fused drafter, sabotaged tree", "sabotaged", engine))
+    return rows, rows[0][0]
+
+
+def check_drafts(fleet: Fleet, labels: list[str], baseline: str, batch: int = 8) -> list[str]:
+    """Each engine's proposals and tokens over one pass of the first ``batch`` prompts, against the baseline's."""
+    runs = {label: fleet.drafts(label, "decode", batch) for label in labels}
+    base = runs[baseline]
+    lines = []
+    for label in labels:
+        run = runs[label]
+        if "error" in run:
+            lines.append(f"{label:42} drafts: failed: {run['error']}")
+            continue
+        proposals = len(run["drafts"])
+        drafted = sum(len(d) for p in run["drafts"] for d in p)
+        if label == baseline or "error" in base:
+            lines.append(f"{label:42} drafts: {proposals} proposals, {drafted} draft tokens")
+            continue
+        diff = first_difference(base["drafts"], run["drafts"])
+        same_tokens = base["tokens"] == run["tokens"]
+        verdict = "identical" if diff is None else f"DIFFER at {diff[:160]}"
+        lines.append(f"{label:42} drafts: {verdict} to the baseline's ({proposals} proposals, {drafted} draft "
+                     f"tokens); output tokens {'identical' if same_tokens else 'DIFFER'}")
+    return lines
+
+
+def configurations(group: str, context: int = 512, with_release: bool = False,
+                   sabotaged: bool = False) -> tuple[list[tuple[str, str, Engine]], str]:
     """(label, tree, engine) of a group, and the label of its baseline. ``with_release`` adds the hybrid's
     workaround on releases that take TurboQuant on hybrids (0.21 on): the release in PIECEWISE, which
     becomes the baseline (the release in FULL_AND_PIECEWISE emits wrong tokens, so it is no baseline)."""
     if group == "verify":
         return verify_configurations(context)
+    if group == "drafter":
+        return drafter_configurations(sabotaged)
     model = LLAMA_1B if group == "llama" else HYBRID_1B
     workload = (Workload("decode", bench_prompts(model.config["vocab_size"]), max_tokens=256),)
     base = {**COMMON, "max_model_len": 2048, "kv_cache_memory_bytes": 4 << 30, "gpu_memory_utilization": 0.1,
@@ -152,7 +208,7 @@ def configurations(group: str, context: int = 512,
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--group", choices=("llama", "hybrid", "verify"), required=True)
+    parser.add_argument("--group", choices=("llama", "hybrid", "verify", "drafter"), required=True)
     parser.add_argument("--context", type=int, default=8192, help="prompt tokens of the verify group")
     parser.add_argument("--tree", action="append", required=True, help="LABEL=DIR for unpatched and patched")
     parser.add_argument("--path", action="append", default=[], help="extra PYTHONPATH entries (dependencies)")
@@ -170,7 +226,7 @@ def main() -> int:
     if args.with_release and args.group != "hybrid":
         parser.error("--with-release: only the hybrid group has a release baseline to add")
     trees = {label: Path(path) for label, _, path in (t.partition("=") for t in args.tree)}
-    rows, baseline = configurations(args.group, args.context, args.with_release)
+    rows, baseline = configurations(args.group, args.context, args.with_release, "sabotaged" in trees)
     if args.only:
         words = tuple(w.strip() for w in args.only.split(","))
         rows = [r for r in rows if r[0].startswith(words)]
@@ -185,8 +241,8 @@ def main() -> int:
     started = time.perf_counter()
     fleet = Fleet([(label, engine, trees[tree]) for label, tree, engine in rows], model_dirs, args.work,
                   [Path(p) for p in args.path])
-    labels = [label for label, _, _ in rows]
-    print(f"[bench] {len(labels)} engines booted in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+    labels = [label for label, _, _ in rows if not label.startswith(CHECK_ONLY)]
+    print(f"[bench] {len(rows)} engines booted in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     results: dict[tuple[str, int], list[float]] = {}
     acceptance: dict[tuple[str, int], tuple[float, float]] = {}
     try:
@@ -206,6 +262,7 @@ def main() -> int:
                     drafted, accepted = acceptance.get((label, batch), (0.0, 0.0))
                     acceptance[(label, batch)] = (drafted + spec.get("num_draft_tokens", 0.0),
                                                   accepted + spec.get("num_accepted_tokens", 0.0))
+        drafts = check_drafts(fleet, [label for label, _, _ in rows], baseline) if args.group == "drafter" else []
     finally:
         fleet.close()
     prompt = len(rows[0][2].workloads[0].prompts[0])
@@ -225,6 +282,15 @@ def main() -> int:
             drafted, accepted = acceptance.get((label, batch), (0.0, 0.0))
             acc = f"{accepted / drafted:.2f}" if drafted else "-"
             print(f"{label:42} {batch:>5} {spread(values)} {ratio:>30} {acc:>10} {m.boot.get('boot_s', '-'):>7}")
+    if args.group == "drafter":
+        print("\nms per output token and request (median; with drafts almost never accepted, one engine step):")
+        for batch in (int(b) for b in args.batches.split(",")):
+            for label in labels:
+                values = results.get((label, batch), [])
+                if values:
+                    print(f"{label:42} {batch:>5} {1000 * batch / sorted(values)[len(values) // 2]:8.2f}")
+        print("\nproposals over one untimed pass of 8 prompts x 256 tokens:")
+        print("\n".join(drafts))
     return 0
 
 

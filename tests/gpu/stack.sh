@@ -20,7 +20,8 @@
 #                                        labels *-v1/*-v2; unset: the release's default, V2 from 0.33)
 #   tests/gpu/stack.sh tests LINE ARGS...      pytest (tests/lines/vX_Y) on both trees with the line's torch
 #                                        (VP_TESTS_TREE=unpatched: the tests against the release alone)
-#   tests/gpu/stack.sh bench LINE ARGS...      benchmarks/bench_spec_e2e.py on both trees (ARGS: --group ...)
+#   tests/gpu/stack.sh bench LINE ARGS...      benchmarks/bench_spec_e2e.py on both trees (ARGS: --group ...;
+#                                        VP_WITHOUT=NNNN: also the line without patch NNNN, tree `without`)
 #   tests/gpu/stack.sh env LINE          the environment run uses, as export lines (for `eval`)
 #   tests/gpu/stack.sh clean-parts LINE  delete the staged parts (after setup; the prefix stays)
 #
@@ -229,19 +230,52 @@ line_tests() {
         "$PY" -m pytest -q -p no:cacheprovider "$folder" "$@"
 }
 
-# benchmarks/bench_spec_e2e.py on both trees; its output also goes to $VP_REPORT/bench-spec-e2e-LINE-ARGS.txt.
+# The file name of the line's patch numbered $2 (e.g. 0005).
+patch_numbered() {
+    local series
+    [[ $2 =~ ^[0-9]{4}$ ]] || die "VP_WITHOUT is a patch number such as 0005, not $2"
+    series=$(series_dir "$1") || exit 2
+    grep -E "^$2-.*\.patch$" "$series/series" || die "VP_WITHOUT: no patch $2 in the series of $1"
+}
+
+# The line's series without patch $2 (its number, e.g. 0005) on a copy of the release, beside the line's trees
+# (made again when the series changes): the baseline of an A/B comparison of that patch.
+tree_without() {
+    local line=$1 num=$2 dir series name out tmp deps
+    dir=$(line_dir "$line") || exit 2
+    series=$(series_dir "$line") || exit 2
+    name=$(patch_numbered "$line" "$num") || exit 2
+    out=$dir/trees/without-$num
+    if [ ! -f "$out/.complete" ]; then
+        deps=$(tool_deps)
+        tmp=$(mktemp -d)
+        mkdir -p "$tmp/patches" "$out"
+        cp "$series"/patches/*.patch "$tmp/patches/"
+        grep -v -x -F "$name" "$series/series" >"$tmp/series"
+        cp -a "$dir/prefix/site/vllm" "$dir/prefix/site"/vllm-*.dist-info "$out/"
+        (cd "$ROOT" && PYTHONPATH="$ROOT/tool:$deps" "$PY" -m vllm_patch --series "$tmp" apply --target "$out") >&2
+        rm -rf "$tmp"
+        touch "$out/.complete"
+    fi
+    echo "$out"
+}
+
+# benchmarks/bench_spec_e2e.py on both trees (VP_WITHOUT=NNNN: and on the line without patch NNNN, tree
+# `without`); its output also goes to $VP_REPORT/bench-spec-e2e-LINE-ARGS.txt.
 bench() {
-    local line=${1:-} dir tag name report=${VP_REPORT:-$ROOT/tests/gpu/reports}
+    local line=${1:-} dir tag name report=${VP_REPORT:-$ROOT/tests/gpu/reports} without=()
     shift || true
     dir=$(line_dir "$line") || exit 2
+    [ -z "${VP_WITHOUT:-}" ] || patch_numbered "$line" "$VP_WITHOUT" >/dev/null || exit 2
     make_trees "$line"
+    [ -z "${VP_WITHOUT:-}" ] || without=(--tree "without=$(tree_without "$line" "$VP_WITHOUT")")
     name=$(stack_name "$line") || exit 2
     tag=$(echo "$name $*" | tr -c 'A-Za-z0-9.\n' - | tr -s - | sed 's/-$//')
     eval "$(stack_env "$line")"
     mkdir -p "$report"
     cd "$ROOT"
     "$PY" benchmarks/bench_spec_e2e.py --tree "unpatched=$dir/trees/unpatched" --tree "patched=$dir/trees/patched" \
-        --work "$dir/work" "$@" | tee "$report/bench-spec-e2e-$tag.txt"
+        "${without[@]}" --work "$dir/work" "$@" | tee "$report/bench-spec-e2e-$tag.txt"
 }
 
 cmd=${1:-}

@@ -489,3 +489,30 @@ def test_config_only_models_name_their_causal_lm(tmp_path):
     config = json.loads((directory / "config.json").read_text())
     assert config["architectures"] == ["Qwen3NextForCausalLM"] and config["num_nextn_predict_layers"] == 1
     assert not list(directory.glob("*.safetensors"))
+
+
+def test_drafts_recorder_keeps_the_outermost_proposals_while_recording():
+    """harness.drafts: a speculator subclass calling its parent's propose is one proposal; nothing is kept
+    outside ``recording``; two logs are compared proposal by proposal."""
+    torch = pytest.importorskip("torch")
+    from harness import drafts
+
+    class Base:
+        def propose(self, n):
+            return torch.tensor([[n, n + 1], [n + 2, n + 3]])
+
+    class Sub(Base):
+        def propose(self, n):
+            return super().propose(n)
+
+    for cls in (Base, Sub):
+        cls.propose = drafts._wrap(cls.__dict__["propose"])
+    Sub().propose(1)
+    with drafts.recording() as log:
+        Sub().propose(3)
+        Base().propose(5)
+    Sub().propose(7)
+    assert log == [[[3, 4], [5, 6]], [[5, 6], [7, 8]]]
+    assert drafts.first_difference(log, [list(p) for p in log]) is None
+    assert drafts.first_difference(log, [log[0], [[5, 6], [7, 9]]]).startswith("proposal 1 of 2")
+    assert drafts.first_difference(log, log[:1]) == "2 proposals against 1"

@@ -483,3 +483,14 @@ def test_scenarios_refuses_an_unknown_runner_before_touching_anything(tmp_path):
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "VP_RUNNER is v1 or v2" in proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("without", "message"), [("5", "VP_WITHOUT is a patch number such as 0005"),
+                                                  ("0099", "VP_WITHOUT: no patch 0099 in the series of v0.33")])
+def test_bench_refuses_a_bad_patch_to_leave_out_before_touching_anything(tmp_path, without, message):
+    env = {**os.environ, "VP_HOME": str(tmp_path), "PYTHON": sys.executable, "VP_WITHOUT": without}
+    proc = subprocess.run(["bash", str(STACK_SH), "bench", "v0.33", "--group", "drafter"], capture_output=True,
+                          text=True, env=env)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+    assert list(tmp_path.iterdir()) == []

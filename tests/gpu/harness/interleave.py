@@ -9,6 +9,7 @@ throughput and the ratio of medians against a baseline measured in the same run.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import statistics
 import subprocess
@@ -71,7 +72,8 @@ class Fleet:
         self.members: dict[str, Member] = {}
         self.trees = {label: tree for label, _, tree in members}
         for label, engine, tree in members:
-            out = work / "bench" / engine_digest(engine)
+            # One folder per member: two trees may run the same engine.
+            out = work / "bench" / f"{engine_digest(engine)}-{hashlib.sha256(label.encode()).hexdigest()[:8]}"
             out.mkdir(parents=True, exist_ok=True)
             job = out / "job.json"
             job.write_text(json.dumps(_job(engine, model_dirs[engine.model.name])))
@@ -95,6 +97,15 @@ class Fleet:
         if m.failed:
             return {"error": {"type": "skipped", "message": m.failed, "at": None}}
         m.proc.stdin.write(json.dumps({"run": workload, "batch": batch, "min_seconds": min_seconds}) + "\n")
+        m.proc.stdin.flush()
+        return self._read(m) or {"error": {"type": "exit", "message": "the engine process died", "at": None}}
+
+    def drafts(self, label: str, workload: str, batch: int) -> dict[str, Any]:
+        """One untimed pass of the workload's first ``batch`` prompts, with the speculator's proposals."""
+        m = self.members[label]
+        if m.failed:
+            return {"error": {"type": "skipped", "message": m.failed, "at": None}}
+        m.proc.stdin.write(json.dumps({"drafts": workload, "batch": batch}) + "\n")
         m.proc.stdin.flush()
         return self._read(m) or {"error": {"type": "exit", "message": "the engine process died", "at": None}}
 

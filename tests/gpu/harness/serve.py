@@ -9,6 +9,8 @@ serves one command a line on stdin:
 - `{"run": WORKLOAD, "batch": N, "min_seconds": S}`: generate the workload's first N prompts
   again and again until S seconds have passed (never less than one pass), and print
   `{"seconds": ..., "tokens": ..., "passes": ..., "spec": {...}}`;
+- `{"drafts": WORKLOAD, "batch": N}`: generate the workload's first N prompts once, recording every
+  proposal of the speculator (harness.drafts), and print `{"tokens": [...], "drafts": [...]}`;
 - `{"quit": true}`: exit.
 
 Anything that goes wrong is printed as `{"error": ...}`; the controller reports it.
@@ -32,6 +34,19 @@ def _say(obj: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+def _drafts(llm, sampling_params, workload: dict[str, Any], batch: int) -> dict[str, Any]:
+    from harness import drafts
+
+    if not drafts.install():
+        return {"error": {"type": "drafts", "message": "no Model Runner V2 speculator to record", "at": None}}
+    prompts = [{"prompt_token_ids": list(p)} for p in workload["prompts"][:batch]]
+    params = sampling_params(temperature=0.0, max_tokens=workload["max_tokens"],
+                             min_tokens=workload["max_tokens"], detokenize=False, ignore_eos=True)
+    with drafts.recording() as log:
+        outs = llm.generate(prompts, params, use_tqdm=False)
+    return {"tokens": [list(o.outputs[0].token_ids) for o in outs], "drafts": log}
+
+
 def main() -> None:
     from harness.child import _spec_metrics, _stub_structured_output, where
 
@@ -53,6 +68,9 @@ def main() -> None:
         if cmd.get("quit"):
             break
         try:
+            if "drafts" in cmd:
+                _say(_drafts(llm, SamplingParams, workloads[cmd["drafts"]], cmd["batch"]))
+                continue
             w = workloads[cmd["run"]]
             prompts = [{"prompt_token_ids": list(p)} for p in w["prompts"][: cmd["batch"]]]
             params = SamplingParams(temperature=0.0, max_tokens=w["max_tokens"], min_tokens=w["max_tokens"],
