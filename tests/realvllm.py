@@ -97,13 +97,26 @@ def copy_tree(src: Path, dest: Path) -> Path:
 
 
 def make_venv(dest: Path, wheel: Path | None) -> Path:
-    """A throwaway virtualenv with a vLLM wheel installed (``--no-deps``), or none."""
-    subprocess.run([sys.executable, "-m", "venv", str(dest)], check=True)
+    """A throwaway virtualenv with a vLLM wheel installed (``--no-deps``), or none.
+
+    A failure names the command, the free space where the venv goes (a vLLM wheel unpacks to over
+    1 GB) and the end of pip's output, so a run log that keeps only the first lines of a
+    traceback still says why."""
+    run_logged([sys.executable, "-m", "venv", str(dest)], dest)
     py = dest / "bin" / "python"
     if wheel is not None:
-        subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check",
-                        str(wheel)], check=True)
+        run_logged([str(py), "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check",
+                    str(wheel)], dest)
     return py
+
+
+def run_logged(cmd: list[str], where: Path) -> None:
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        free = shutil.disk_usage(where.parent).free / 2**30
+        tail = (done.stdout + done.stderr).strip().splitlines()[-15:]
+        raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode} ({free:.1f} GiB free under "
+                           f"{where.parent}):\n" + "\n".join(tail))
 
 
 def rebase_steps(tree: Path):
