@@ -23,6 +23,13 @@ The comparisons (`--group`):
   decodes the first 8 prompts once more, recording every proposal of its speculator (harness.drafts):
   the fused drafter must propose exactly what the per-step one does. A tree given as `sabotaged` joins
   that check only (a known bad tree the check must catch).
+- `ragged`: decodes of different lengths in one launch (patch 0006): the same hybrid (24/4 heads of 256),
+  TurboQuant k8v4, ngram K=3 on Model Runner V1 (the hybrids' default), FULL_AND_PIECEWISE, over prompts
+  of which every other one never repeats, so its ngram request finds no match and is scheduled one token
+  beside the others' 1 + K: batches like [4, 1, 4, 1, ...], which run PIECEWISE (attention eager). The
+  line against the line without 0006 (tree `without`, the baseline), which sends every decode after the
+  first of another length to the per-request loop. The forced-oracle scenarios with ngram (f-, i- of
+  tests/gpu) judge the tokens of such batches.
 - `verify`: the kernels of a verify batch over long contexts (`--context`, 8192 and 32768 in the
   report), the 1.1 B Llama with ngram K=3: patched FULL_AND_PIECEWISE with the multi-query kernel of
   patch 0007 (`VLLM_TURBOQUANT_ATTENTION_KERNEL=multi_query`) and with the routed decode kernel
@@ -39,6 +46,7 @@ and the trees of tests/gpu/host.sh; `tests/gpu/host.sh bench` runs it.
     python benchmarks/bench_spec_e2e.py --group llama --tree unpatched=DIR --tree patched=DIR --path SITE
     python benchmarks/bench_spec_e2e.py --group verify --context 32768 --tree unpatched=DIR --tree patched=DIR
     python benchmarks/bench_spec_e2e.py --group drafter --tree without=DIR --tree patched=DIR [--tree sabotaged=DIR]
+    python benchmarks/bench_spec_e2e.py --group ragged --tree without=DIR --tree patched=DIR
 """
 
 from __future__ import annotations
@@ -103,6 +111,28 @@ def bench_prompts(vocab: int, count: int = 8, length: int = 512) -> tuple[tuple[
         base = [(i * 131 + j * (2 * i + 7) + (j * j) % 13) % vocab for j in range(period)]
         out.append(tuple(base[j % period] for j in range(length)))
     return tuple(out)
+
+
+def half_matching_prompts(vocab: int, count: int = 8, length: int = 512) -> tuple[tuple[int, ...], ...]:
+    """bench_prompts' even prompts; the odd ones never repeat (a step of 2i + 7 through the vocabulary), so
+    their ngram requests find no match and decode one token a step."""
+    periodic = bench_prompts(vocab, count, length)
+    return tuple(periodic[i] if i % 2 == 0 else
+                 tuple((i * 131 + j * (2 * i + 7) + (j * j) % 13) % vocab for j in range(length))
+                 for i in range(count))
+
+
+def ragged_configurations() -> tuple[list[tuple[str, str, Engine]], str]:
+    """The ragged group: one launch for decodes of different lengths (the line) against the line without 0006,
+    on Model Runner V1 with ngram K=3 in the users' attention geometry."""
+    model = QWEN3_NEXT12_G6D256_MTP
+    workload = (Workload("decode", half_matching_prompts(model.config["vocab_size"]), max_tokens=256),)
+    kwargs = {**COMMON, "max_model_len": 2048, "kv_cache_memory_bytes": 4 << 30, "gpu_memory_utilization": 0.1,
+              "kv_cache_dtype": "turboquant_k8v4", "additional_config": {"gdn_prefill_backend": "triton"},
+              "speculative_config": ngram(3)}
+    engine = Engine(model=model, kwargs=kwargs, workloads=workload, env=(("VLLM_USE_V2_MODEL_RUNNER", "0"),))
+    return [("ngram split decodes FULL_AND_PIECEWISE", "without", engine),
+            ("ngram one launch FULL_AND_PIECEWISE", "patched", engine)], "ngram split decodes FULL_AND_PIECEWISE"
 
 
 def verify_configurations(context: int) -> tuple[list[tuple[str, str, Engine]], str]:
@@ -176,6 +206,8 @@ def configurations(group: str, context: int = 512, with_release: bool = False,
         return verify_configurations(context)
     if group == "drafter":
         return drafter_configurations(sabotaged)
+    if group == "ragged":
+        return ragged_configurations()
     model = LLAMA_1B if group == "llama" else HYBRID_1B
     workload = (Workload("decode", bench_prompts(model.config["vocab_size"]), max_tokens=256),)
     base = {**COMMON, "max_model_len": 2048, "kv_cache_memory_bytes": 4 << 30, "gpu_memory_utilization": 0.1,
@@ -208,7 +240,7 @@ def configurations(group: str, context: int = 512, with_release: bool = False,
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--group", choices=("llama", "hybrid", "verify", "drafter"), required=True)
+    parser.add_argument("--group", choices=("llama", "hybrid", "verify", "drafter", "ragged"), required=True)
     parser.add_argument("--context", type=int, default=8192, help="prompt tokens of the verify group")
     parser.add_argument("--tree", action="append", required=True, help="LABEL=DIR for unpatched and patched")
     parser.add_argument("--path", action="append", default=[], help="extra PYTHONPATH entries (dependencies)")

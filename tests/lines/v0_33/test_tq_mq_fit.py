@@ -244,9 +244,10 @@ def _split_rows_needed(mq, k1s, max_reqs, max_rows, num_kv_heads, max_splits, nu
 
 def _scratch_calls(reserved, num_heads, head_size):
     """The multi-query kernel's reservations among the workspace calls: a flat float32 buffer of split
-    partials and the rotated queries (rows, heads, D)."""
-    return [shapes for shapes in reserved if len(shapes) == 2 and len(shapes[0][0]) == 1
-            and shapes[1][0][1:] == (num_heads, head_size)]
+    partials and the rotated queries (rows, heads, D); with drafts also the query and output rows of decodes of
+    different lengths (patch 0006), in the model's dtype."""
+    return [shapes for shapes in reserved if len(shapes) in (2, 4) and len(shapes[0][0]) == 1
+            and all(shape[1:] == (num_heads, head_size) for shape, _ in shapes[1:])]
 
 
 @pytest.fixture
@@ -285,8 +286,9 @@ def test_workspace_covers_the_widest_layer_and_at_most_the_token_budget(mq, on_a
     builder(_spec(), ["target", "drafter"], config, "cpu")
     calls = _scratch_calls(reserved, 32, 256)
     assert len(calls) == 1, reserved
-    (flat, flat_dtype), (rot, rot_dtype) = calls[0]
+    (flat, flat_dtype), (rot, rot_dtype), *padded = calls[0]
     assert rot == (rows, 32, 256) and flat_dtype == rot_dtype == torch.float32
+    assert padded == [((rows, 32, 256), torch.bfloat16)] * 2
     need = _split_rows_needed(mq, (1, 4), max_reqs, max_tokens, HK, splits)
     assert 0 < need < rows * splits
     assert flat[0] == need * 32 * 257
@@ -307,8 +309,9 @@ def test_layers_reserve_their_scratch_when_built(mq, v033_tree, workspace, monke
     tq.TurboQuantAttentionImpl(HQ, 256, 1 / 16, num_kv_heads=HK, kv_cache_dtype="turboquant_4bit_nc")
     calls = _scratch_calls(reserved, HQ, 256)
     assert len(calls) == 1, reserved
-    (flat, _), (rot, _) = calls[0]
+    (flat, _), (rot, _), *padded = calls[0]
     assert rot == (256 * 4, HQ, 256)
+    assert padded == [((256 * 4, HQ, 256), torch.bfloat16)] * 2
     assert flat[0] == _split_rows_needed(mq, (1, 4), 256, 8192, HK, 32) * HQ * 257
     monkeypatch.setenv("VLLM_TURBOQUANT_ATTENTION_KERNEL", "decode")
     reserved.clear()

@@ -15,7 +15,8 @@ The tree under test is ``v033_tree`` (see conftest.py); on the tree without patc
 2. ``forward`` of the real backend file with the real kernel: a padded uniform verify batch goes through the
    kernel, straight into the layer output, from the device lengths alone (host-side bounds set wrong).
 3. The builder: uniform verify (and plain decode) batches are decodes with ``decode_query_len`` set and go to
-   the kernel; the rest of a batch and non-uniform batches take the per-request loop; the workspace is
+   the kernel; so do decodes of different lengths, in 1 + K rows each (patch 0006), unless those rows exceed
+   the workspace (then the leading decodes of one length do); prefills take the per-request loop; the workspace is
    reserved for ``max_num_seqs * max_decode_query_len`` rows before any capture; FULL graphs with spec decode
    (UNIFORM_BATCH) for TurboQuant again, where (and only where) the builder sends verify batches to the
    kernel; not for UltraQuant, which keeps patch 0001's eager verify. (test_tq_verify_route.py judges the
@@ -183,8 +184,8 @@ def test_kernel_graph_shapes_one_split_and_capture_lengths(mq_ops):
 HQ, HK = 4, 2
 
 
-def _config(num_spec: int | None, max_num_seqs: int = 8, splits: int = 4):
-    return tq_harness.vllm_config(num_spec, HQ, max_num_seqs, splits)
+def _config(num_spec: int | None, max_num_seqs: int = 8, splits: int = 4, max_tokens: int = 64):
+    return tq_harness.vllm_config(num_spec, HQ, max_num_seqs, splits, max_tokens)
 
 
 def _spec(head_size: int, block_size: int = 4, preset: str = "k8v4"):
@@ -285,24 +286,29 @@ def _impl(tq, cls, d=16):
     return impl
 
 
-# q_lens, cached tokens, spec tokens -> (num_decodes, decode_query_len, kernel calls (k1, rows), loop used)
+# q_lens, cached tokens, spec tokens[, max_num_batched_tokens] -> (num_decodes, decode_query_len, kernel calls
+# (k1, rows), loop used). Decodes of different lengths take 1 + K rows each (0006); with 8 batched tokens at most
+# the workspace holds two requests' rows, so a third keeps the leading decodes of one length on the kernel.
 DISPATCH = {
     "uniform-verify": ([4, 4, 4], [5, 9, 2], 3, (3, 4, [(4, 12)], False)),
     "padded-uniform-verify": ([4, 4, 0], [5, 9, 0], 3, (3, 4, [(4, 8)], False)),
     "plain-decode": ([1, 1, 1], [5, 9, 2], None, (3, 1, [(1, 3)], False)),
-    "verify-then-shorter": ([4, 2], [6, 7], 3, (1, 4, [(4, 4)], True)),
-    "shorter-then-verify": ([2, 4, 4], [6, 7, 3], 3, (1, 2, [(2, 2)], True)),
-    "padding-in-the-middle": ([4, 0, 4], [5, 0, 6], 3, (0, 0, [], True)),
+    "verify-then-shorter": ([4, 2], [6, 7], 3, (2, 4, [(4, 8)], False)),
+    "shorter-then-verify": ([2, 4, 4], [6, 7, 3], 3, (3, 4, [(4, 12)], False)),
+    "no-match-in-the-middle": ([4, 1, 4], [6, 7, 3], 3, (3, 4, [(4, 12)], False)),
+    "padding-in-the-middle": ([4, 0, 4], [5, 0, 6], 3, (3, 4, [(4, 12)], False)),
     "prefill-chunk-first": ([6, 4], [3, 8], 3, (0, 0, [], True)),
+    "verify-prefill": ([4, 2, 6], [6, 7, 3], 3, (2, 4, [(4, 8)], True)),
+    "over-the-workspace": ([4, 1, 4], [6, 7, 3], 3, 8, (1, 4, [(4, 4)], True)),
 }
 
 
 @pytest.mark.parametrize("name", list(DISPATCH))
 def test_builder_routes_uniform_decodes_to_the_kernel_and_the_rest_to_the_loop(mods, name):
     tq, _, rec = mods
-    q_lens, ctx, num_spec, (num_decodes, k1, calls, loop) = DISPATCH[name]
+    q_lens, ctx, num_spec, *max_tokens, (num_decodes, k1, calls, loop) = DISPATCH[name]
     kv, table, seq_lens, query, ref = _float_case(q_lens, ctx)
-    builder = tq.TurboQuantMetadataBuilder(_spec(16), ["l"], _config(num_spec), "cpu")
+    builder = tq.TurboQuantMetadataBuilder(_spec(16), ["l"], _config(num_spec, 8, 4, *max_tokens), "cpu")
     meta = builder.build(0, _common(tq, q_lens, seq_lens, table))
     assert (meta.num_decodes, meta.decode_query_len) == (num_decodes, k1)
     rec.seq_lens.clear()
@@ -334,7 +340,8 @@ def _nbytes(shapes) -> int:
 
 def test_workspace_reserved_before_capture_for_every_uniform_batch(mods, monkeypatch):
     """The builder's __init__ reserves the kernel's scratch for max_num_seqs * max_decode_query_len rows, so
-    the largest uniform verify batch never grows (and never moves) the workspace a graph points to."""
+    the largest uniform verify batch never grows (and never moves) the workspace a graph points to; nor does
+    a batch of decodes of different lengths."""
     tq, _, rec = mods
     requests: list[tuple] = []
 
@@ -349,10 +356,12 @@ def test_workspace_reserved_before_capture_for_every_uniform_batch(mods, monkeyp
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     max_num_seqs, num_spec, splits = 3, 3, 4
-    builder = tq.TurboQuantMetadataBuilder(_spec(16), ["l"], _config(num_spec, max_num_seqs, splits), "cpu")
+    # The queries of _float_case are float32: the model's dtype, in which the padded rows are reserved.
+    config = tq_harness.vllm_config(num_spec, HQ, max_num_seqs, splits, dtype=torch.float32)
+    builder = tq.TurboQuantMetadataBuilder(_spec(16), ["l"], config, "cpu")
     rows = max_num_seqs * (1 + num_spec)
     split_rows = rows * 2  # the stand-in kernel's two splits a launch (tq_harness.mq_stand_in)
-    want = (((split_rows * HQ * 17,), torch.float32), ((rows, HQ, 16), torch.float32))
+    want = (((split_rows * HQ * 17,), torch.float32),) + (((rows, HQ, 16), torch.float32),) * 3
     assert want in requests, f"no reservation for {rows} rows of multi-query scratch: {requests}"
     reserved = max(_nbytes(r) for r in requests)
 
@@ -368,6 +377,17 @@ def test_workspace_reserved_before_capture_for_every_uniform_batch(mods, monkeyp
     assert [(c["k1"], c["rows"]) for c in rec.mq_calls] == [(4, rows)]
     assert len(requests) == 1 and _nbytes(requests[0]) <= reserved
     assert rec.mq_calls[0]["mid_o"] == want[0][0] and rec.mq_calls[0]["q_rot"] == want[1][0]
+
+    # Decodes of different lengths (0006) take max_num_seqs requests' rows too, from the same reservation.
+    q_lens = [4, 1, 4]
+    kv, table, seq_lens, query, ref = _float_case(q_lens, ctx)
+    meta = builder.build(0, _common(tq, q_lens, seq_lens, table))
+    requests.clear()
+    rec.mq_calls.clear()
+    out = _forward(tq, impl, meta, kv, query)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    assert [(c["k1"], c["rows"]) for c in rec.mq_calls] == [(4, rows)]
+    assert len(requests) == 1 and _nbytes(requests[0]) <= reserved
 
 
 # ---------------------------------------------------------------------------
