@@ -122,15 +122,22 @@ def half_matching_prompts(vocab: int, count: int = 8, length: int = 512) -> tupl
                  for i in range(count))
 
 
+def users_geometry_engine(spec: dict, prompts: tuple[tuple[int, ...], ...], v2: bool) -> Engine:
+    """The 12-layer test hybrid in the users' attention geometry (24/4 heads of 256, width 512) with its MTP
+    layer, TurboQuant k8v4, FULL_AND_PIECEWISE, on Model Runner V2 or V1."""
+    kwargs = {**COMMON, "max_model_len": 2048, "kv_cache_memory_bytes": 4 << 30, "gpu_memory_utilization": 0.1,
+              "kv_cache_dtype": "turboquant_k8v4", "additional_config": {"gdn_prefill_backend": "triton"},
+              "speculative_config": spec}
+    workload = (Workload("decode", prompts, max_tokens=256),)
+    return Engine(model=QWEN3_NEXT12_G6D256_MTP, kwargs=kwargs, workloads=workload,
+                  env=(("VLLM_USE_V2_MODEL_RUNNER", "1" if v2 else "0"),))
+
+
 def ragged_configurations() -> tuple[list[tuple[str, str, Engine]], str]:
     """The ragged group: one launch for decodes of different lengths (the line) against the line without 0006,
     on Model Runner V1 with ngram K=3 in the users' attention geometry."""
-    model = QWEN3_NEXT12_G6D256_MTP
-    workload = (Workload("decode", half_matching_prompts(model.config["vocab_size"]), max_tokens=256),)
-    kwargs = {**COMMON, "max_model_len": 2048, "kv_cache_memory_bytes": 4 << 30, "gpu_memory_utilization": 0.1,
-              "kv_cache_dtype": "turboquant_k8v4", "additional_config": {"gdn_prefill_backend": "triton"},
-              "speculative_config": ngram(3)}
-    engine = Engine(model=model, kwargs=kwargs, workloads=workload, env=(("VLLM_USE_V2_MODEL_RUNNER", "0"),))
+    vocab = QWEN3_NEXT12_G6D256_MTP.config["vocab_size"]
+    engine = users_geometry_engine(ngram(3), half_matching_prompts(vocab), v2=False)
     return [("ngram split decodes FULL_AND_PIECEWISE", "without", engine),
             ("ngram one launch FULL_AND_PIECEWISE", "patched", engine)], "ngram split decodes FULL_AND_PIECEWISE"
 
@@ -161,12 +168,8 @@ CHECK_ONLY = "check: "
 def drafter_configurations(sabotaged: bool) -> tuple[list[tuple[str, str, Engine]], str]:
     """The drafter group: the fused drafter (the line) against the per-step one (the line without 0005), on the
     test hybrid in the users' attention geometry (24/4 heads of 256; 12 layers of width 512)."""
-    model = QWEN3_NEXT12_G6D256_MTP
-    workload = (Workload("decode", bench_prompts(model.config["vocab_size"]), max_tokens=256),)
-    kwargs = {**COMMON, "max_model_len": 2048, "kv_cache_memory_bytes": 4 << 30, "gpu_memory_utilization": 0.1,
-              "kv_cache_dtype": "turboquant_k8v4", "additional_config": {"gdn_prefill_backend": "triton"},
-              "speculative_config": mtp(3)}
-    engine = Engine(model=model, kwargs=kwargs, workloads=workload, env=(("VLLM_USE_V2_MODEL_RUNNER", "1"),))
+    vocab = QWEN3_NEXT12_G6D256_MTP.config["vocab_size"]
+    engine = users_geometry_engine(mtp(3), bench_prompts(vocab), v2=True)
     rows = [("mtp per-step drafter FULL_AND_PIECEWISE", "without", engine),
             ("mtp fused drafter FULL_AND_PIECEWISE", "patched", engine)]
     if sabotaged:

@@ -21,7 +21,6 @@ patch's ``Obsolete-If: test`` check on a newer unpatched tree too:
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -46,8 +45,6 @@ tree, config, tq = route.tree, route.config, route.tq
 LENS = [37, 54, 23, 41]
 QUERY_LENS = [4, 1, 4, 2]
 HOST_EXCESS = [2, 3, 1, 2]
-# The bound of route.MAX_READ: each used token's slot about once per KV head.
-MAX_READ = route.MAX_READ
 
 
 @dataclasses.dataclass
@@ -117,19 +114,15 @@ def test_decodes_of_different_lengths_attend_over_the_device_lengths(tq, config,
 
 
 def test_decodes_of_different_lengths_read_the_cache_once_per_kv_head(tq, config, tree):
-    if not vllm_tree.interpreted() or DEVICE != "cpu":
-        pytest.skip("counts the loads of Triton's interpreter on host memory (TRITON_INTERPRET=1, no GPU)")
+    route.skip_unless_interpreted()
     preset = "turboquant_4bit_nc"
     batch = _batch(tree, preset, seed=3)
     with tq_harness.interpreted_loads(batch.storage) as read:
         out = _forward(tq, config, preset, batch, [0] * len(LENS))
-    slot = batch.storage.shape[-1]
-    used = sum(math.ceil(n / BLOCK) for n in LENS) * BLOCK * HK * slot
-    assert read[0] > 0, "no Triton load read the cache: the forward ran no interpreted kernel over it"
-    assert read[0] <= MAX_READ * used, (
-        f"decodes of {QUERY_LENS} tokens read {read[0]} B from the cache, {read[0] / used:.2f}x the {used} B of "
-        f"their requests' used blocks (at most {MAX_READ}x): the rows after the first of another length went to "
-        f"the per-request loop, which reads the cache once per query row and query head")
+    excess = route.read_excess(read[0], batch.storage, LENS)
+    assert excess is None, (f"the batch of decodes of {QUERY_LENS} tokens {excess}: the rows after the first of "
+                            f"another length went to the per-request loop, which reads the cache once per query "
+                            f"row and query head")
     assert _mismatch(out, _reference(batch)) is None
 
 
