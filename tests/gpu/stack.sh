@@ -17,11 +17,13 @@
 #                                        on LD_LIBRARY_PATH (then the host's); prints torch/triton/CUDA first
 #   tests/gpu/stack.sh scenarios LINE ARGS...  the harness on the line's vLLM, unpatched and patched
 #                                        (VP_RUNNER=v1 or v2: engines under test on Model Runner V1 or V2,
-#                                        labels *-v1/*-v2; unset: the release's default, V2 from 0.33)
+#                                        labels *-v1/*-v2; unset: the release's default, V2 from 0.33;
+#                                        VP_WITHOUT=NNNN: also the line without patch NNNN, tree without-NNNN)
 #   tests/gpu/stack.sh tests LINE ARGS...      pytest (tests/lines/vX_Y) on both trees with the line's torch
 #                                        (VP_TESTS_TREE=unpatched: the tests against the release alone)
 #   tests/gpu/stack.sh bench LINE ARGS...      benchmarks/bench_spec_e2e.py on both trees (ARGS: --group ...;
 #                                        VP_WITHOUT=NNNN: also the line without patch NNNN, tree `without`)
+#   tests/gpu/stack.sh users LINE ARGS...      benchmarks/bench_users_geometry.py on both trees (ARGS: --preset ...)
 #   tests/gpu/stack.sh env LINE          the environment run uses, as export lines (for `eval`)
 #   tests/gpu/stack.sh clean-parts LINE  delete the staged parts (after setup; the prefix stays)
 #
@@ -190,7 +192,7 @@ make_trees_locked() {
 
 # The harness on both trees with the prefix's torch. ARGS go to `python -m harness run` (e.g. --scenarios f-).
 scenarios() {
-    local line=${1:-} dir trees version series suffix="" runner=""
+    local line=${1:-} dir trees version series suffix="" runner="" without=()
     shift || true
     case "${VP_RUNNER:-}" in
         v1) runner=0; suffix=-v1 ;;
@@ -199,7 +201,9 @@ scenarios() {
         *) die "VP_RUNNER is v1 or v2 (unset: the release's default runner), not ${VP_RUNNER}" ;;
     esac
     dir=$(line_dir "$line") || exit 2
+    [ -z "${VP_WITHOUT:-}" ] || patch_numbered "$line" "$VP_WITHOUT" >/dev/null || exit 2
     make_trees "$line"
+    [ -z "${VP_WITHOUT:-}" ] || without=(--tree "without-$VP_WITHOUT$suffix=$(tree_without "$line" "$VP_WITHOUT")")
     trees=$dir/trees
     series=$(series_dir "$line") || exit 2
     version=$(pin_version "$series") || exit 2
@@ -207,7 +211,7 @@ scenarios() {
     [ -z "$runner" ] || export VLLM_USE_V2_MODEL_RUNNER=$runner
     cd "$ROOT/tests/gpu"
     "$PY" -m harness run --tree "unpatched$suffix=$trees/unpatched" --tree "patched$suffix=$trees/patched" \
-        --work "$dir/work" --out "${VP_REPORT:-$ROOT/tests/gpu/reports}" --title "vLLM $version" "$@"
+        "${without[@]}" --work "$dir/work" --out "${VP_REPORT:-$ROOT/tests/gpu/reports}" --title "vLLM $version" "$@"
 }
 
 # The line's tests (tests/lines/v0_33 for the line pinned to 0.33) with its torch and triton, on the GPU: the
@@ -260,11 +264,12 @@ tree_without() {
     echo "$out"
 }
 
-# benchmarks/bench_spec_e2e.py on both trees (VP_WITHOUT=NNNN: and on the line without patch NNNN, tree
-# `without`); its output also goes to $VP_REPORT/bench-spec-e2e-LINE-ARGS.txt.
+# benchmarks/SCRIPT.py (bench_spec_e2e or bench_users_geometry) on both trees (VP_WITHOUT=NNNN: and on the
+# line without patch NNNN, tree `without`); its output also goes to $VP_REPORT/SCRIPT-LINE-ARGS.txt (with
+# dashes: bench-spec-e2e-...).
 bench() {
-    local line=${1:-} dir tag name report=${VP_REPORT:-$ROOT/tests/gpu/reports} without=()
-    shift || true
+    local script=$1 line=${2:-} dir tag name report=${VP_REPORT:-$ROOT/tests/gpu/reports} without=()
+    shift 2 || shift $#
     dir=$(line_dir "$line") || exit 2
     [ -z "${VP_WITHOUT:-}" ] || patch_numbered "$line" "$VP_WITHOUT" >/dev/null || exit 2
     make_trees "$line"
@@ -274,12 +279,12 @@ bench() {
     eval "$(stack_env "$line")"
     mkdir -p "$report"
     cd "$ROOT"
-    "$PY" benchmarks/bench_spec_e2e.py --tree "unpatched=$dir/trees/unpatched" --tree "patched=$dir/trees/patched" \
-        "${without[@]}" --work "$dir/work" "$@" | tee "$report/bench-spec-e2e-$tag.txt"
+    "$PY" "benchmarks/$script.py" --tree "unpatched=$dir/trees/unpatched" --tree "patched=$dir/trees/patched" \
+        "${without[@]}" --work "$dir/work" "$@" | tee "$report/${script//_/-}-$tag.txt"
 }
 
 cmd=${1:-}
-[ -n "$cmd" ] || die "usage: stack.sh stage|check|setup|run|scenarios|tests|bench|env|clean-parts ..."
+[ -n "$cmd" ] || die "usage: stack.sh stage|check|setup|run|scenarios|tests|bench|users|env|clean-parts ..."
 shift
 case $cmd in
     stage) stage "$@" ;;
@@ -288,7 +293,8 @@ case $cmd in
     run) run "$@" ;;
     scenarios) scenarios "$@" ;;
     tests) line_tests "$@" ;;
-    bench) bench "$@" ;;
+    bench) bench bench_spec_e2e "$@" ;;
+    users) bench bench_users_geometry "$@" ;;
     env) stack_env "${1:-}" ;;
     clean-parts) dir=$(line_dir "${1:-}"); rm -rf "$dir/parts" ;;
     *) die "unknown command $cmd" ;;

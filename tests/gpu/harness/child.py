@@ -55,7 +55,7 @@ def where(exc: BaseException) -> dict[str, Any]:
 
 
 def _spec_metrics(llm) -> dict[str, Any]:
-    values: dict[str, float] = {}
+    values: dict[str, Any] = {}
     try:
         metrics = llm.get_metrics()
     except Exception:  # metrics are an extra; a failure here must not hide the run
@@ -63,9 +63,23 @@ def _spec_metrics(llm) -> dict[str, Any]:
     for m in metrics:
         if m.name.startswith("vllm:spec_decode_num_") and hasattr(m, "value"):
             values[m.name.removeprefix("vllm:spec_decode_")] = float(m.value)
+        elif m.name.startswith("vllm:spec_decode_num_") and hasattr(m, "values"):  # per draft position
+            values[m.name.removeprefix("vllm:spec_decode_")] = [float(v) for v in m.values]
         elif m.name == "vllm:num_preemptions" and hasattr(m, "value"):
             values["preemptions"] = float(m.value)
     return values
+
+
+def spec_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """What the spec-decode counters counted between two readings (the per-position one element-wise)."""
+    out: dict[str, Any] = {}
+    for key, value in after.items():
+        if isinstance(value, list):
+            old = before.get(key) or [0.0] * len(value)
+            out[key] = [a - b for a, b in zip(value, old, strict=False)]
+        else:
+            out[key] = value - before.get(key, 0.0)
+    return out
 
 
 def teacher_gaps(llm, sampling_params, prompts: list[list[int]], outputs: list[list[int]]) -> list[dict[str, list]]:
@@ -196,7 +210,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
                 "tokens": tokens,
                 "seconds": round(seconds, 4),
                 "tokens_per_s": round(sum(map(len, tokens)) / seconds, 1) if seconds else None,
-                "spec": {k: after[k] - before.get(k, 0.0) for k in after},
+                "spec": spec_delta(before, after),
             }
             if job.get("logprobs"):
                 result["workloads"][w["name"]]["logprobs"] = [emitted_logprobs(c) for c in completions]

@@ -92,22 +92,21 @@ class Fleet:
             line = m.proc.stdout.readline()
         return json.loads(line) if line else None
 
-    def run(self, label: str, workload: str, batch: int, min_seconds: float) -> dict[str, Any]:
+    def ask(self, label: str, command: dict[str, Any]) -> dict[str, Any]:
+        """One command of harness.serve to one engine, and its answer."""
         m = self.members[label]
         if m.failed:
             return {"error": {"type": "skipped", "message": m.failed, "at": None}}
-        m.proc.stdin.write(json.dumps({"run": workload, "batch": batch, "min_seconds": min_seconds}) + "\n")
+        m.proc.stdin.write(json.dumps(command) + "\n")
         m.proc.stdin.flush()
         return self._read(m) or {"error": {"type": "exit", "message": "the engine process died", "at": None}}
 
+    def run(self, label: str, workload: str, batch: int, min_seconds: float) -> dict[str, Any]:
+        return self.ask(label, {"run": workload, "batch": batch, "min_seconds": min_seconds})
+
     def drafts(self, label: str, workload: str, batch: int) -> dict[str, Any]:
         """One untimed pass of the workload's first ``batch`` prompts, with the speculator's proposals."""
-        m = self.members[label]
-        if m.failed:
-            return {"error": {"type": "skipped", "message": m.failed, "at": None}}
-        m.proc.stdin.write(json.dumps({"drafts": workload, "batch": batch}) + "\n")
-        m.proc.stdin.flush()
-        return self._read(m) or {"error": {"type": "exit", "message": "the engine process died", "at": None}}
+        return self.ask(label, {"drafts": workload, "batch": batch})
 
     def close(self) -> None:
         for m in self.members.values():

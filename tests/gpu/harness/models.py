@@ -139,8 +139,20 @@ QWEN27B_SHAPED_MTP = ModelSpec(
     weights=False,
 )
 
+# The same widths in 8 layers (6 GDN, 2 attention: the 3:1 mix), for speed figures with several engines on one
+# GPU at once (about 9 GB of weights each). Its weights are vLLM's dummy ones until a benchmark writes
+# harness.acceptance's controlled-acceptance weights into the running engine.
+QWEN27B_SHAPED_8L_MTP = ModelSpec(
+    name="qwen27b-shaped-8l-mtp",
+    arch="qwen3_next",
+    config={**QWEN27B_SHAPED_MTP.config, "num_hidden_layers": 8,
+            "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 2},
+    mtp_layers=1,
+    weights=False,
+)
+
 MODELS = {m.name: m for m in (LLAMA6, QWEN3_NEXT12, QWEN3_NEXT12_MTP, QWEN3_NEXT12_DENSE_MTP, QWEN3_NEXT12_G6D256_MTP,
-                              LLAMA28, LLAMA8B, QWEN27B_SHAPED_MTP)}
+                              LLAMA28, LLAMA8B, QWEN27B_SHAPED_MTP, QWEN27B_SHAPED_8L_MTP)}
 
 
 CAUSAL_LM = {"llama": "LlamaForCausalLM", "qwen3_next": "Qwen3NextForCausalLM"}
