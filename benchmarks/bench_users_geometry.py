@@ -7,7 +7,7 @@ QWEN27B_SHAPED_8L_MTP), so four engines fit one GPU at once; figures are therefo
 model's, and the ratios are what carries over. Random weights would make drafts almost never accepted;
 harness.acceptance writes weights whose MTP drafts the target accepts at a chosen first-position rate (the
 target follows a fixed next-token rule that its random layers perturb by a calibrated amount; the MTP layer
-knows the rule). The line's engine is calibrated first (`--goal`, 0.75 by default: 60-80% per position is
+knows the rule). The line's engine is calibrated first (`--goal`, 0.7 by default: 60-80% per position is
 what MTP drafts of real models get), then every engine is given the same weights.
 
 Configurations (MTP K=3, TurboQuant `--preset`, Model Runner of the release's default):
@@ -94,7 +94,7 @@ def main() -> int:
     parser.add_argument("--preset", choices=("k8v4", "4bit_nc", "3bit_nc"), default="k8v4")
     parser.add_argument("--contexts", default="1024,8192", help="prompt lengths, comma-separated")
     parser.add_argument("--batches", default="1,8", help="batch sizes, comma-separated")
-    parser.add_argument("--goal", type=float, default=0.75, help="first-position acceptance to calibrate to")
+    parser.add_argument("--goal", type=float, default=0.7, help="first-position acceptance to calibrate to")
     parser.add_argument("--rounds", type=int, default=5, help="timed runs of each configuration (after a warm-up)")
     parser.add_argument("--min-seconds", type=float, default=3.0, help="least decoding time of one run")
     args = parser.parse_args()
