@@ -122,8 +122,8 @@ def main() -> int:
               f"{', '.join(f'{a:.3g}: {r:.2f}' for a, r in calibration['probes'])}", file=sys.stderr, flush=True)
         for label in labels[1:]:
             answer = fleet.ask(label, {"weights": alpha})
-            if "error" in answer:
-                print(f"[bench] {label}: weights failed: {answer['error']}", file=sys.stderr, flush=True)
+            if "error" in answer:  # that engine would time another model: no comparison
+                raise SystemExit(f"{label}: weights failed: {answer['error']}")
         for context in contexts:
             for batch in batches:
                 workload = f"ctx{context}"
