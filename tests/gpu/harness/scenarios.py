@@ -546,6 +546,14 @@ PROBES: tuple[Scenario, ...] = (
     replace(_long_prompts("4bit_nc", 3), name="x-hybrid-tq-4bit_nc-mtp3-long"),
     replace(_long_prompts("3bit_nc", 1), name="x-hybrid-tq-3bit_nc-mtp1-long"),
     replace(_arrivals("k8v4", "ngram"), name="x-hybrid-tq-k8v4-ngram3-arrivals"),
+    # Its arrivals without TurboQuant: how far the hybrid's own ngram verify lands from the plain decode when
+    # requests arrive while others verify.
+    _without_turboquant(replace(_arrivals("k8v4", "ngram"), name="x-hybrid-tq-k8v4-ngram3-arrivals")),
+    # UltraQuant on a CUDA GPU: vLLM offers it only on ROCm, but an explicitly chosen backend is validated on
+    # its own terms; whether it boots and decodes here says whether its route can be proven on NVIDIA.
+    _single_probe("llama-uq", "Llama 6 layers, UltraQuant 4-bit, backend chosen explicitly", LLAMA6,
+                  kv_cache_dtype="ultraquant_4bit", dtype="bfloat16",
+                  attention_config={**COMMON.get("attention_config", {}), "backend": "ULTRAQUANT"}),
 )
 
 BY_NAME = {s.name: s for s in (*SCENARIOS, *PROBES)}
