@@ -23,9 +23,11 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BLOCK_N, PAGE, SPLITS, MIN_SPLIT = 16, 16, 3, 16
 
 
-def _case(preset: str, d: int = 32, reqs: int = 2, ctx: int = 70, hk: int = 2):
+def _case(preset: str, head_major: bool, d: int = 32, reqs: int = 2, ctx: int = 70, hk: int = 2):
     lay = TQLayout.from_preset(preset, d)
     kv, table, seq_lens = random_cache(lay, reqs, ctx, hk, PAGE, DEVICE, seed=7)
+    if head_major:  # vLLM's (blocks, Hk, block_size, slot) memory, seen through transpose(1, 2)
+        kv = kv.transpose(1, 2).contiguous().transpose(1, 2)
     seq_lens = torch.tensor([ctx, ctx - 23], dtype=torch.int32, device=DEVICE)[:reqs]
     return lay, kv, table, seq_lens
 
@@ -42,9 +44,10 @@ def _slots(kv, table, req, head, tokens):
     return torch.stack(rows) if rows else kv.new_zeros(0, kv.shape[-1])
 
 
+@pytest.mark.parametrize("head_major", [True, False])
 @pytest.mark.parametrize("preset", ["k8v4", "4bit_nc"])
-def test_stream_xors_every_word_of_the_splits_slots(preset):
-    lay, kv, table, seq_lens = _case(preset)
+def test_stream_xors_every_word_of_the_splits_slots(preset, head_major):
+    lay, kv, table, seq_lens = _case(preset, head_major)
     reqs, hk = table.shape[0], kv.shape[2]
     align = math.gcd(kv.stride(0), kv.stride(1), kv.stride(2), 4)
     ty = {4: torch.int32, 2: torch.int16}.get(align, torch.uint8)
@@ -66,9 +69,10 @@ def test_stream_xors_every_word_of_the_splits_slots(preset):
     assert torch.equal(sink.view(reqs, hk, SPLITS).cpu().to(torch.int64), want)
 
 
+@pytest.mark.parametrize("head_major", [True, False])
 @pytest.mark.parametrize("preset", ["k8v4", "4bit_nc"])
-def test_dequant_sums_the_kernels_keys_and_values(preset):
-    lay, kv, table, seq_lens = _case(preset)
+def test_dequant_sums_the_kernels_keys_and_values(preset, head_major):
+    lay, kv, table, seq_lens = _case(preset, head_major)
     d, reqs, hk = lay.head_dim, table.shape[0], kv.shape[2]
     centroids = gaussian_centroids(d, lay.centroid_bits).to(DEVICE)
     fp8_e4b15 = 1 if DEVICE == "cuda" and torch.cuda.get_device_capability() < (8, 9) else 0
