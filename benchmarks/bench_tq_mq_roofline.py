@@ -60,6 +60,17 @@ def _split_range(Seq_lens_ptr, req, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl
 
 
 @triton.jit
+def _tile_slots(Block_table_ptr, req, n0, end, stride_block, stride_pos, stride_head, stride_bt, head,
+                BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    # The tile's tokens (masked at the split's end) and their slots' offsets, through the block table.
+    n = n0 + tl.arange(0, BLOCK_N)
+    n_mask = n < end
+    page = tl.load(Block_table_ptr + req.to(tl.int64) * stride_bt + n // PAGE_SIZE, mask=n_mask, other=0)
+    slot = page.to(tl.int64) * stride_block + (n % PAGE_SIZE).to(tl.int64) * stride_pos + head * stride_head
+    return n_mask, slot
+
+
+@triton.jit
 def _stream_slots(KV_ptr, Block_table_ptr, Seq_lens_ptr, Out_ptr, stride_block, stride_pos, stride_head, stride_bt,
                   WORDS: tl.constexpr, WORDS_P2: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
                   NUM_SPLITS: tl.constexpr, MIN_SPLIT: tl.constexpr):
@@ -68,12 +79,9 @@ def _stream_slots(KV_ptr, Block_table_ptr, Seq_lens_ptr, Out_ptr, stride_block, 
     start, end = _split_range(Seq_lens_ptr, req, split, NUM_SPLITS, BLOCK_N, MIN_SPLIT)
     w = tl.arange(0, WORDS_P2)
     acc = tl.zeros([BLOCK_N, WORDS_P2], KV_ptr.dtype.element_ty)
-    bt_row = Block_table_ptr + req.to(tl.int64) * stride_bt
     for n0 in range(start, end, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = n < end
-        page = tl.load(bt_row + n // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
-        slot = page * stride_block + (n % PAGE_SIZE).to(tl.int64) * stride_pos + head * stride_head
+        n_mask, slot = _tile_slots(Block_table_ptr, req, n0, end, stride_block, stride_pos, stride_head, stride_bt,
+                                   head, BLOCK_N, PAGE_SIZE)
         acc ^= tl.load(KV_ptr + slot[:, None] + w[None, :], mask=n_mask[:, None] & (w[None, :] < WORDS), other=0)
     out = Out_ptr + ((req * tl.num_programs(1) + head) * NUM_SPLITS + split).to(tl.int64)
     tl.store(out, tl.xor_sum(tl.xor_sum(acc, axis=1), axis=0).to(tl.int32))
@@ -98,12 +106,9 @@ def _dequant_tiles(KV_ptr, Block_table_ptr, Seq_lens_ptr, Centroids_ptr, Out_ptr
         table = tl.broadcast_to(tl.load(Centroids_ptr + tl.arange(0, 16))[None, :], (BLOCK_N, 16))
     v_acc = tl.zeros([BLOCK_N, HEAD_DIM // 2], tl.float32)
     s_acc = tl.zeros([BLOCK_N], tl.float32)
-    bt_row = Block_table_ptr + req.to(tl.int64) * stride_bt
     for n0 in range(start, end, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = n < end
-        page = tl.load(bt_row + n // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
-        slot = page * stride_block + (n % PAGE_SIZE).to(tl.int64) * stride_pos + head * stride_head
+        n_mask, slot = _tile_slots(Block_table_ptr, req, n0, end, stride_block, stride_pos, stride_head, stride_bt,
+                                   head, BLOCK_N, PAGE_SIZE)
         slot = tl.multiple_of(slot, SLOT_ALIGN)
         tile_mask = n_mask[:, None]
         if KEY_FP8:
