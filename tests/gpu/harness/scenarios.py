@@ -506,6 +506,9 @@ def _single_probe(name: str, title: str, model: ModelSpec, **kv: Any) -> Scenari
         unpatched="", oracle="forced")
 
 
+# ngram requests arriving while others verify, every other one without matches (ragged verify batches).
+_NGRAM_ARRIVALS = replace(_arrivals("k8v4", "ngram"), name="x-hybrid-tq-k8v4-ngram3-arrivals")
+
 # Probes: selected by name only (`--scenarios x-...`), never by default.
 PROBES: tuple[Scenario, ...] = (
     _probe(_combined("k8v4", "ngram"), "nographs", "no CUDA graphs", compilation_config={"cudagraph_mode": "NONE"}),
@@ -545,15 +548,15 @@ PROBES: tuple[Scenario, ...] = (
     # The other preset and K of the long-prompt and arrival scenarios.
     replace(_long_prompts("4bit_nc", 3), name="x-hybrid-tq-4bit_nc-mtp3-long"),
     replace(_long_prompts("3bit_nc", 1), name="x-hybrid-tq-3bit_nc-mtp1-long"),
-    replace(_arrivals("k8v4", "ngram"), name="x-hybrid-tq-k8v4-ngram3-arrivals"),
+    _NGRAM_ARRIVALS,
     # Its arrivals without TurboQuant: how far the hybrid's own ngram verify lands from the plain decode when
     # requests arrive while others verify.
-    _without_turboquant(replace(_arrivals("k8v4", "ngram"), name="x-hybrid-tq-k8v4-ngram3-arrivals")),
+    _without_turboquant(_NGRAM_ARRIVALS),
     # UltraQuant on a CUDA GPU: vLLM offers it only on ROCm, but an explicitly chosen backend is validated on
     # its own terms; whether it boots and decodes here says whether its route can be proven on NVIDIA.
     _single_probe("llama-uq", "Llama 6 layers, UltraQuant 4-bit, backend chosen explicitly", LLAMA6,
                   kv_cache_dtype="ultraquant_4bit", dtype="bfloat16",
-                  attention_config={**COMMON.get("attention_config", {}), "backend": "ULTRAQUANT"}),
+                  attention_config={**COMMON["attention_config"], "backend": "ULTRAQUANT"}),
 )
 
 BY_NAME = {s.name: s for s in (*SCENARIOS, *PROBES)}
