@@ -45,6 +45,8 @@ sys.path.insert(0, str(HERE))
 from bench_tq_mq_verify import HEADS, VERIFY, Preset, Timer, copy_bandwidth, load_module, random_cache, spread  # noqa: E402,I001
 
 
+# The presets the dequantization reference covers: FP8 or 4-bit MSE keys, 4-bit values.
+PRESETS = ("k8v4", "4bit_nc")
 LAUNCH_SETTINGS = ("block_n", "num_warps", "num_stages", "num_kv_splits")
 
 
@@ -159,10 +161,12 @@ def l2_table(table: torch.Tensor, slot_bytes_per_block: int, l2_mb: float) -> to
 
 def case(mq, candidates: dict, timer: Timer, p: Preset, args, ctx: int, b: int, g: int, k1: int, sms: int,
          fp8_e4b15: int, copy_gbs: float) -> str:
-    """One row: the kernel, in L2, the stream and the dequantization of one shape."""
+    """One row: the kernel, in L2, the stream and the dequantization of one shape (or why it is skipped)."""
     lay, d = p.layout, p.layout.head_dim
     hq, hk = HEADS[g]
     cache_bytes = b * ctx * hk * lay.slot_size
+    if cache_bytes > args.max_cache_gb * 1e9:
+        return f"{p.name:8} {d:>3} {ctx:>6} {b:>3} {k1:>2} skipped: cache {cache_bytes / 1e9:.1f} GB"
     kv, table, seq_lens = random_cache(lay, b, ctx, hk, args.block_size, "cuda", seed=ctx + b + g + d)
     # vLLM's TurboQuant cache is (blocks, Hk, block_size, slot) in memory, each head's page one contiguous run
     # of slots; the kernels see it through transpose(1, 2), as the backend passes it.
@@ -228,21 +232,21 @@ def parse_candidate(spec: str) -> tuple[str, tuple[Path, dict[str, int]]]:
     """LABEL=DIR[,name=value...] -> (LABEL, (DIR, launch settings))."""
     label, sep, rest = spec.partition("=")
     tree, *settings = rest.split(",")
+    if not sep or not label or not tree:
+        raise SystemExit(f"bench_tq_mq_roofline: --candidate takes LABEL=DIR[,name=value...], got {spec!r}")
     launch = {}
     for item in settings:
         name, eq, value = item.partition("=")
         if not eq or name not in LAUNCH_SETTINGS or not value.isdigit():
             raise SystemExit(f"bench_tq_mq_roofline: bad launch setting {item!r} in --candidate {spec!r}")
         launch[name] = int(value)
-    if not sep or not label or not tree:
-        raise SystemExit(f"bench_tq_mq_roofline: --candidate takes LABEL=DIR[,name=value...], got {spec!r}")
     return label, (Path(tree), launch)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tree", type=Path, default=Path(os.environ.get("VLLM_PATCH_PATCHED_TREE", "")))
-    parser.add_argument("--presets", default="k8v4,4bit_nc", help="k8v4 and 4-bit MSE presets")
+    parser.add_argument("--presets", default=",".join(PRESETS), help=f"any of {', '.join(PRESETS)}")
     parser.add_argument("--head-dims", default="128,256")
     parser.add_argument("--groups", default="4,6", help=f"GQA ratios G = Hq/Hk; (Hq, Hk) per G: {HEADS}")
     parser.add_argument("--contexts", default="8192,32768")
@@ -260,8 +264,8 @@ def main() -> int:
         raise SystemExit("bench_tq_mq_roofline needs a CUDA GPU")
     presets = args.presets.split(",")
     for name in presets:
-        if name not in ("k8v4", "4bit_nc", "4bit"):
-            raise SystemExit(f"bench_tq_mq_roofline: preset {name} is not k8v4 or a 4-bit MSE preset")
+        if name not in PRESETS:
+            raise SystemExit(f"bench_tq_mq_roofline: preset {name} is not one of {', '.join(PRESETS)}")
     mq = load_module(args.tree, VERIFY)
     candidates = {label: (load_module(tree, VERIFY), launch) for label, (tree, launch) in
                   (parse_candidate(spec) for spec in args.candidate)}
@@ -279,14 +283,8 @@ def main() -> int:
           + "".join(f" {label + ' us':>22} {'x':>6} {'max|diff|':>8}" for label in candidates))
     for preset, d in itertools.product(presets, map(int, args.head_dims.split(","))):
         p = Preset(preset, d)
-        lay = p.layout
         for ctx, b, g, k1 in itertools.product(map(int, args.contexts.split(",")), map(int, args.batch.split(",")),
                                                map(int, args.groups.split(",")), map(int, args.k1.split(","))):
-            hq, hk = HEADS[g]
-            cache_bytes = b * ctx * hk * lay.slot_size
-            if cache_bytes > args.max_cache_gb * 1e9:
-                print(f"{preset:8} {d:>3} {ctx:>6} {b:>3} {k1:>2} skipped: cache {cache_bytes / 1e9:.1f} GB")
-                continue
             print(case(mq, candidates, timer, p, args, ctx, b, g, k1, sms, fp8_e4b15, copy_gbs), flush=True)
             torch.cuda.empty_cache()
     return 0
