@@ -14,7 +14,9 @@ flushed before each; the graph keeps the Python launch path out of the timing, a
 
 With --candidate LABEL=DIR[,block_n=N][,num_warps=W][,num_stages=S][,num_kv_splits=K] (repeatable), the kernel
 file of another tree (or the same one with other launch settings) is timed too, in the same run on the same cache
-(``LABEL us``), with its speed-up over ``kernel`` and the largest difference between their outputs.
+(``LABEL us``), with its %copy, its speed-up over ``kernel`` and the largest difference between their outputs.
+Each kernel file runs at the tiles its own ``tq_mq_verify_select`` settles on with its probe on this GPU, as the
+backend's builder does before capture (``LABEL tiles``; launch settings given with the candidate override them).
 
 Bytes are those of the requests' slots (B x L x Hk x slot), as in bench_tq_mq_verify.py; GB/s and %copy
 against a device-to-device copy measured first (read + written bytes). Reading the columns: ``kernel`` close
@@ -29,6 +31,7 @@ Prints figures, asserts nothing; needs a CUDA GPU.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import math
 import os
@@ -176,7 +179,7 @@ def case(mq, candidates: dict, timer: Timer, p: Preset, args, ctx: int, b: int, 
     out = torch.empty_like(q)
     mid = torch.empty(n, hq, args.splits, d + 1, device="cuda")
     qrot = torch.empty(n, hq, d, device="cuda")
-    tiles = mq._planned_tiles(q.device, k1, g, d, lay.mse_bits, lay.key_fp8)
+    tiles = select_tiles(mq, lay, k1, g, args.block_size)
     splits = mq.tq_mq_verify_num_splits(b * hk * tiles.m_tiles, sms, args.splits)
     min_split = 4 * tiles.block_n
     def kernel(tab, mod=mq, launch=None):
@@ -215,17 +218,41 @@ def case(mq, candidates: dict, timer: Timer, p: Preset, args, ctx: int, b: int, 
     reference = kernel(table).float().clone()
     cand_text = ""
     for mod, launch in candidates.values():
+        cand_tiles = select_tiles(mod, lay, k1, g, args.block_size)
         t_cand = timer(graphed(lambda mod=mod, launch=launch: kernel(table, mod, launch)))
         diff = (kernel(table, mod, launch).float() - reference).abs().max().item()
-        cand_text += f" {spread(t_cand):>22} {t_kernel[1] / t_cand[1]:>5.2f}x {diff:>8.1e}"
+        cgbs = cache_bytes / t_cand[1] / 1e3
+        cand_text += (f" {tiles_text(cand_tiles, launch):>13} {spread(t_cand):>22} {100 * cgbs / copy_gbs:>4.0f}% "
+                      f"{t_kernel[1] / t_cand[1]:>5.2f}x {diff:>8.1e}")
     gbs = cache_bytes / t_kernel[1] / 1e3
     sgbs = cache_bytes / t_stream[1] / 1e3
-    tile_text = f"{tiles.block_m}x{tiles.m_tiles} n{tiles.block_n} w{tiles.num_warps}"
+    tile_text = tiles_text(tiles, {})
     return (f"{p.name:8} {d:>3} {ctx:>6} {b:>3} {k1:>2} {f'{hq}/{hk}':>5} {tile_text:>13} {splits:>3} "
             f"{cache_bytes / 1e6:>7.1f} {spread(t_kernel):>22} {100 * gbs / copy_gbs:>4.0f}% "
             f"{spread(t_l2):>22} {spread(t_stream):>22} {100 * sgbs / copy_gbs:>4.0f}% {spread(t_deq):>22} "
             f"{t_kernel[1] / t_l2[1]:>5.2f} {t_kernel[1] / t_stream[1]:>5.2f} {t_deq[1] / t_stream[1]:>7.2f}"
             + cand_text)
+
+
+def select_tiles(mod, lay, k1: int, g: int, block_size: int):
+    """The tiles the backend's builder settles on before capture: the module's own tq_mq_verify_select with its
+    probe (compile and launch each candidate on this GPU), remembered by the module for its launches."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    limits = mod.tq_mq_device_limits(device.index)
+    probe = functools.partial(
+        mod.tq_mq_verify_probe, k1=k1, group=g, head_dim=lay.head_dim, mse_bits=lay.mse_bits, key_fp8=lay.key_fp8,
+        key_packed_size=lay.key_packed_size, value_bits=lay.value_bits, block_size=block_size,
+        query_dtype=torch.bfloat16, device=device, limits=limits)
+    tiles, refused = mod.tq_mq_verify_select(k1, g, lay.head_dim, lay.mse_bits, lay.key_fp8, limits, probe,
+                                             device_index=device.index)
+    if tiles is None:
+        raise SystemExit(f"bench_tq_mq_roofline: no tiling of {mod.__file__} runs here: {'; '.join(refused)}")
+    return tiles
+
+
+def tiles_text(tiles, launch: dict[str, int]) -> str:
+    block_n, warps = launch.get("block_n", tiles.block_n), launch.get("num_warps", tiles.num_warps)
+    return f"{tiles.block_m}x{tiles.m_tiles} n{block_n} w{warps}"
 
 
 def parse_candidate(spec: str) -> tuple[str, tuple[Path, dict[str, int]]]:
@@ -280,7 +307,8 @@ def main() -> int:
     print(f"{'preset':8} {'D':>3} {'ctx':>6} {'B':>3} {'K1':>2} {'Hq/Hk':>5} {'tiles':>13} {'spl':>3} {'MB':>7} "
           f"{'kernel us':>22} {'%copy':>5} {'in L2 us':>22} {'stream us':>22} {'%copy':>5} {'dequant us':>22} "
           f"{'k/L2':>5} {'k/str':>5} {'deq/str':>7}"
-          + "".join(f" {label + ' us':>22} {'x':>6} {'max|diff|':>8}" for label in candidates))
+          + "".join(f" {label + ' tiles':>13} {label + ' us':>22} {'%copy':>5} {'x':>6} {'max|diff|':>8}"
+                    for label in candidates))
     for preset, d in itertools.product(presets, map(int, args.head_dims.split(","))):
         p = Preset(preset, d)
         for ctx, b, g, k1 in itertools.product(map(int, args.contexts.split(",")), map(int, args.batch.split(",")),

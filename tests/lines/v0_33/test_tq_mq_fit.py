@@ -126,6 +126,42 @@ def test_select_takes_the_first_accepted_tiling_and_launches_keep_it(mq):
         mq._TILES.clear()
 
 
+def test_a_tiling_that_spills_gives_way_to_one_that_spills_less(mq):
+    """The H100's widest tiling of 4-bit keys at D=256, K+1=4 (32 x 64) spills 1.1-1.4 KB per thread: the next
+    candidate that spills at most TQ_MQ_MAX_LOCAL_BYTES is taken, and the spilling one named."""
+    limits = _limits(mq, H100)
+    candidates = mq.tq_mq_verify_candidates(4, 6, 256, 4, False, limits)
+    local = {candidates[0]: 1392, candidates[1]: 320}
+    tiles, why = mq.tq_mq_verify_select(
+        4, 6, 256, 4, False, limits, fits=lambda t: mq.tq_mq_spill_refusal(local.get(t, 0), limits))
+    assert (tiles.block_m, tiles.block_n) == (32, 32) and tiles == candidates[1]
+    assert len(why) == 1 and "1392 B" in why[0] and str(mq.TQ_MQ_MAX_LOCAL_BYTES) in why[0]
+
+
+def test_the_first_spilling_tiling_is_kept_when_nothing_else_runs(mq):
+    """Spills cost speed, not correctness: when every later candidate spills too or does not fit, the first one
+    refused only for its spills is taken (not the fallback route), and the reasons list the ones before it."""
+    limits = _limits(mq, RTX_3090)
+    candidates = mq.tq_mq_verify_candidates(4, 6, 256, 4, False, limits)
+    assert len(candidates) >= 3
+
+    def fits(t):
+        if t == candidates[0]:
+            return "needs 131072 B of shared memory"
+        return mq.tq_mq_spill_refusal(2048, limits)
+
+    tiles, why = mq.tq_mq_verify_select(4, 6, 256, 4, False, limits, fits=fits)
+    assert tiles == candidates[1] and len(why) == 1 and "shared memory" in why[0]
+
+
+def test_spills_are_judged_on_cuda_only_and_above_the_limit(mq):
+    limit = mq.TQ_MQ_MAX_LOCAL_BYTES
+    assert mq.tq_mq_spill_refusal(limit, _limits(mq, H100)) is None
+    assert mq.tq_mq_spill_refusal(None, _limits(mq, H100)) is None
+    assert isinstance(mq.tq_mq_spill_refusal(limit + 4, _limits(mq, H100)), mq.TQMQSpillRefusal)
+    assert mq.tq_mq_spill_refusal(limit + 4, _limits(mq, MI300X)) is None
+
+
 @pytest.mark.parametrize(("preset", "device"), [("4bit_nc", RTX_3090), ("3bit_nc", RTX_3090), ("4bit_nc", T4),
                                                  ("k3v4_nc", MI300X)])
 def test_kernel_at_the_tiles_a_smaller_part_gets_matches_reference(mq, preset, device):
