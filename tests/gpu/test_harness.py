@@ -335,6 +335,18 @@ def test_forced_runs_follow_the_test_and_the_calibration():
     assert _forced_pairs([BY_NAME["c-gdn-ngram3"]]) == []
 
 
+def test_a_probe_that_crashes_is_reported_and_one_that_runs_is_not_judged():
+    from harness.runner import judge_all
+
+    probe = BY_NAME["x-single-llama-uq"]
+    crashed = {"booted": False, "workloads": {},
+               "error": {"type": "ValueError", "message": "kv_cache_dtype not supported"}}
+    results = {"release": {engine_digest(probe.test): crashed}, "line": {engine_digest(probe.test): result()}}
+    [j] = judge_all([probe], results)
+    assert (j.scenario, j.tree, j.verdict) == ("x-single-llama-uq", "release", "crash")
+    assert "kv_cache_dtype not supported" in j.detail
+
+
 def test_probes_are_selected_by_name_only():
     assert not any(s.name.startswith("x-") for s in select(None))
     assert [s.name for s in select("x")] == [s.name for s in PROBES]

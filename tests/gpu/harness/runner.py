@@ -198,7 +198,9 @@ def judge_all(scenarios: list[Scenario], results: dict[str, dict[str, dict[str, 
                 if test is None:
                     continue
                 calibration = scenario.calibration
-                if calibration is None:  # a probe: its gaps are in the results, not judged
+                if calibration is None:  # a probe: its gaps are in the results, not judged; its crash is reported
+                    if not test.get("booted") or test.get("error"):
+                        out.append(report.judge_forced(scenario.name, label, test, None, None, None))
                     continue
                 out.append(report.judge_forced(
                     scenario.name, label, test,

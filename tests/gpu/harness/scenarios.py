@@ -553,8 +553,13 @@ PROBES: tuple[Scenario, ...] = (
     # requests arrive while others verify.
     _without_turboquant(_NGRAM_ARRIVALS),
     # UltraQuant on a CUDA GPU: vLLM offers it only on ROCm, but an explicitly chosen backend is validated on
-    # its own terms; whether it boots and decodes here says whether its route can be proven on NVIDIA.
+    # its own terms; whether it boots and decodes here says whether its route can be proven on NVIDIA. On a
+    # dense model the boundary layers keep the model's dtype, which the chosen backend refuses ("kv_cache_dtype
+    # not supported"); a hybrid keeps no boundary layers, so every attention layer is UltraQuant's.
     _single_probe("llama-uq", "Llama 6 layers, UltraQuant 4-bit, backend chosen explicitly", LLAMA6,
+                  kv_cache_dtype="ultraquant_4bit", dtype="bfloat16",
+                  attention_config={**COMMON["attention_config"], "backend": "ULTRAQUANT"}),
+    _single_probe("hybrid-uq", "Qwen3-Next hybrid, UltraQuant 4-bit, backend chosen explicitly", QWEN3_NEXT12_MTP,
                   kv_cache_dtype="ultraquant_4bit", dtype="bfloat16",
                   attention_config={**COMMON["attention_config"], "backend": "ULTRAQUANT"}),
 )
