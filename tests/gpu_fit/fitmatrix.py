@@ -472,13 +472,9 @@ def limits_for(mod, target: Target):
 
 
 def compiled_fits(mod, cfg: Config, attempts: list, ignore_limit: bool = False):
-    """The fits() the planner walks: compile the candidate for cfg's target; None (accepted) when it compiled,
-    its shared memory is within the limit (ignore_limit: any compiled kernel, a broken check) and its spills
-    are not refused (the kernel's own rule, on ptxas' stack frame: the local memory the launch reports)."""
+    """The fits() the planner walks: compile the candidate for cfg's target; None (accepted) when it compiled
+    and its shared memory is within the limit (ignore_limit: any compiled kernel, a broken check)."""
     target = TARGET[cfg.target]
-    limits = limits_for(mod, target)
-    # Line v0.20's kernel has no spill rule.
-    spill_refusal = getattr(mod, "tq_mq_spill_refusal", lambda local_bytes, limits: None)
 
     def fits(tiles):
         res = compile_kernel(mod, "_tq_mq_verify_fwd", target, probe_args(mod, tiles, cfg),
@@ -488,7 +484,7 @@ def compiled_fits(mod, cfg: Config, attempts: list, ignore_limit: bool = False):
             return res["error"]
         if res["shared"] > target.max_shared and not ignore_limit:
             return f"needs {res['shared']} B of shared memory, the limit is {target.max_shared} B"
-        return spill_refusal(res.get("stack"), limits)
+        return None
 
     return fits
 
@@ -513,8 +509,7 @@ def plan(mod, cfg: Config, ignore_limit: bool = False, no_limits: bool = False) 
     if tiles is None:
         rec["route"] = "fallback"
     else:
-        # The last compile, or an earlier one refused only for its spills when nothing after it fit.
-        chosen = next(a for a in reversed(attempts) if a["tiles"] == _tiles_dict(tiles))
+        chosen = attempts[-1]
         rec["route"] = "multi-query"
         rec["tiles"] = _tiles_dict(tiles)
         for k in ("shared", "regs", "spill", "stack", "sgprs", "vgpr_spills", "stage", "error"):
