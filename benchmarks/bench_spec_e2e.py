@@ -30,6 +30,11 @@ The comparisons (`--group`):
   line against the line without 0006 (tree `without`, the baseline), which sends every decode after the
   first of another length to the per-request loop. The forced-oracle scenarios with ngram (f-, i- of
   tests/gpu) judge the tokens of such batches.
+- `ultraquant`: UltraQuant's verify batches in FULL graphs (patch 0007): the same hybrid (24/4 heads of 256),
+  UltraQuant 4-bit (bfloat16, its backend chosen explicitly), ngram K=3 on Model Runner V1 (an MTP drafter's
+  layer finds no UltraQuant backend on CUDA), FULL_AND_PIECEWISE and PIECEWISE on the line, against the release
+  in PIECEWISE (the baseline; its FULL_AND_PIECEWISE crashes: scenario f-hybrid-uq-ngram3-bfloat16 of
+  tests/gpu).
 - `verify`: the kernels of a verify batch over long contexts (`--context`, 8192 and 32768 in the
   report), the 1.1 B Llama with ngram K=3: patched FULL_AND_PIECEWISE with the multi-query kernel of
   patch 0007 (`VLLM_TURBOQUANT_ATTENTION_KERNEL=multi_query`) and with the routed decode kernel
@@ -47,6 +52,7 @@ and the trees of tests/gpu/host.sh; `tests/gpu/host.sh bench` runs it.
     python benchmarks/bench_spec_e2e.py --group verify --context 32768 --tree unpatched=DIR --tree patched=DIR
     python benchmarks/bench_spec_e2e.py --group drafter --tree without=DIR --tree patched=DIR [--tree sabotaged=DIR]
     python benchmarks/bench_spec_e2e.py --group ragged --tree without=DIR --tree patched=DIR
+    python benchmarks/bench_spec_e2e.py --group ultraquant --tree unpatched=DIR --tree patched=DIR
 """
 
 from __future__ import annotations
@@ -122,12 +128,12 @@ def half_matching_prompts(vocab: int, count: int = 8, length: int = 512) -> tupl
                  for i in range(count))
 
 
-def users_geometry_engine(spec: dict, prompts: tuple[tuple[int, ...], ...], v2: bool) -> Engine:
+def users_geometry_engine(spec: dict, prompts: tuple[tuple[int, ...], ...], v2: bool, **extra) -> Engine:
     """The 12-layer test hybrid in the users' attention geometry (24/4 heads of 256, width 512) with its MTP
-    layer, TurboQuant k8v4, FULL_AND_PIECEWISE, on Model Runner V2 or V1."""
+    layer, TurboQuant k8v4 (unless ``extra`` says otherwise), FULL_AND_PIECEWISE, on Model Runner V2 or V1."""
     kwargs = {**COMMON, "max_model_len": 2048, "kv_cache_memory_bytes": 4 << 30, "gpu_memory_utilization": 0.1,
               "kv_cache_dtype": "turboquant_k8v4", "additional_config": {"gdn_prefill_backend": "triton"},
-              "speculative_config": spec}
+              "speculative_config": spec, **extra}
     workload = (Workload("decode", prompts, max_tokens=256),)
     return Engine(model=QWEN3_NEXT12_G6D256_MTP, kwargs=kwargs, workloads=workload,
                   env=(("VLLM_USE_V2_MODEL_RUNNER", "1" if v2 else "0"),))
@@ -140,6 +146,23 @@ def ragged_configurations() -> tuple[list[tuple[str, str, Engine]], str]:
     engine = users_geometry_engine(ngram(3), half_matching_prompts(vocab), v2=False)
     return [("ngram split decodes FULL_AND_PIECEWISE", "without", engine),
             ("ngram one launch FULL_AND_PIECEWISE", "patched", engine)], "ngram split decodes FULL_AND_PIECEWISE"
+
+
+def ultraquant_configurations() -> tuple[list[tuple[str, str, Engine]], str]:
+    """The ultraquant group: UltraQuant verify batches in FULL graphs (patch 0007) against PIECEWISE, on the line
+    and on the release (the baseline: what runs there, its FULL graphs crash), ngram K=3 on Model Runner V1 in
+    the users' attention geometry (an MTP drafter's layer finds no UltraQuant backend on CUDA)."""
+    vocab = QWEN3_NEXT12_G6D256_MTP.config["vocab_size"]
+    uq = {"kv_cache_dtype": "ultraquant_4bit", "dtype": "bfloat16",
+          "attention_config": {**COMMON["attention_config"], "backend": "ULTRAQUANT"}}
+    piecewise = {"compilation_config": {"cudagraph_mode": "PIECEWISE"}}
+
+    def engine(**extra) -> Engine:
+        return users_geometry_engine(ngram(3), bench_prompts(vocab), v2=False, **uq, **extra)
+
+    return [("uq ngram line FULL_AND_PIECEWISE", "patched", engine()),
+            ("uq ngram line PIECEWISE", "patched", engine(**piecewise)),
+            ("uq ngram release PIECEWISE", "unpatched", engine(**piecewise))], "uq ngram release PIECEWISE"
 
 
 def verify_configurations(context: int) -> tuple[list[tuple[str, str, Engine]], str]:
@@ -211,6 +234,8 @@ def configurations(group: str, context: int = 512, with_release: bool = False,
         return drafter_configurations(sabotaged)
     if group == "ragged":
         return ragged_configurations()
+    if group == "ultraquant":
+        return ultraquant_configurations()
     model = LLAMA_1B if group == "llama" else HYBRID_1B
     workload = (Workload("decode", bench_prompts(model.config["vocab_size"]), max_tokens=256),)
     base = {**COMMON, "max_model_len": 2048, "kv_cache_memory_bytes": 4 << 30, "gpu_memory_utilization": 0.1,
@@ -243,7 +268,8 @@ def configurations(group: str, context: int = 512, with_release: bool = False,
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--group", choices=("llama", "hybrid", "verify", "drafter", "ragged"), required=True)
+    parser.add_argument("--group", required=True,
+                        choices=("llama", "hybrid", "verify", "drafter", "ragged", "ultraquant"))
     parser.add_argument("--context", type=int, default=8192, help="prompt tokens of the verify group")
     parser.add_argument("--tree", action="append", required=True, help="LABEL=DIR for unpatched and patched")
     parser.add_argument("--path", action="append", default=[], help="extra PYTHONPATH entries (dependencies)")
@@ -301,7 +327,8 @@ def main() -> int:
     finally:
         fleet.close()
     prompt = len(rows[0][2].workloads[0].prompts[0])
-    print(f"\n{args.group}: {model.name}, TurboQuant k8v4, 8 prompts x {prompt} tokens, 256 tokens each; "
+    cache = rows[0][2].kwargs["kv_cache_dtype"]
+    print(f"\n{args.group}: {model.name}, KV cache {cache}, 8 prompts x {prompt} tokens, 256 tokens each; "
           f"{args.rounds} interleaved runs of >= {args.min_seconds:.0f} s after a warm-up; output tokens/s")
     print(f"{'configuration':42} {'batch':>5} {'min':>8} {'median':>8} {'max':>8} {'vs ' + baseline:>30} "
           f"{'acceptance':>10} {'boot s':>7}")

@@ -422,6 +422,42 @@ def _memory_at(model: ModelSpec, spec: dict[str, Any], budget: str) -> Scenario:
     )
 
 
+def _ultraquant(s: Scenario, **whole: Any) -> Scenario:
+    """A TurboQuant scenario with UltraQuant's 4-bit cache on every engine instead, in bfloat16 (the only dtype
+    UltraQuant serves) and with its backend chosen explicitly (0.33 offers it on ROCm only; on CUDA a hybrid
+    boots with it, scenario x-single-hybrid-uq; an MTP drafter's layer finds no backend on either tree). The
+    release crashes there: its FULL graphs replay the host-driven verify loop (0001's bug).
+
+    Judged by the forced oracle, every engine prefilling whole prompts (``whole``: the engine arguments that
+    make them, given to all three), the calibration one request at a time: where two engines cut a prompt at
+    other places, UltraQuant's 4-bit cache alone moved the tokens by up to 8 nats on this hybrid, beyond the
+    forced decode's median margin (measured on 0.33.0 with 64-token steps against whole prompts), and the
+    oracle could not judge (see _long_prompts)."""
+    def uq(e: Engine | None, **extra: Any) -> Engine | None:
+        if e is None:
+            return None
+        return replace(e, kwargs={**e.kwargs, "kv_cache_dtype": "ultraquant_4bit", "dtype": "bfloat16",
+                                  "attention_config": {**COMMON["attention_config"], "backend": "ULTRAQUANT"},
+                                  **whole, **extra})
+    preset = s.test.kwargs["kv_cache_dtype"].removeprefix("turboquant_")
+    return replace(s, name=s.name.replace(f"tq-{preset}", "uq"),
+                   title=s.title.replace(f"TurboQuant {preset}", "UltraQuant 4-bit"),
+                   test=uq(s.test), reference=uq(s.reference),
+                   calibration=uq(s.calibration, max_num_seqs=1) if s.calibration else None,
+                   unpatched="0.33.0: an illegal memory access in FULL graphs over the host-driven verify loop",
+                   fixed_by=("0001", "0007"))
+
+
+def _route_off(s: Scenario) -> Scenario:
+    """A control: the scenario's engine under test with the multi-query route off
+    (VLLM_TURBOQUANT_ATTENTION_KERNEL=decode), so verify batches take patch 0001's per-request loop, eagerly
+    (PIECEWISE), over the device lengths. How far a verify path other than the route lands from the plain
+    decode on the same workload, judged the same way."""
+    return replace(s, name=f"x-{s.name.split('-', 1)[1]}-loop", title=f"{s.title}; the route off: the per-request "
+                   "loop (probe)", test=replace(s.test, env=(("VLLM_TURBOQUANT_ATTENTION_KERNEL", "decode"),)),
+                   unpatched="", fixed_by=())
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     _turboquant_llama("k8v4"),
     _turboquant_llama("4bit_nc"),
@@ -456,6 +492,11 @@ SCENARIOS: tuple[Scenario, ...] = (
     _consumer_smem(_combined("4bit_nc", "mtp")),
     _consumer_smem(_preemption("mtp")),
     _arrivals("4bit_nc", "mtp"),
+    # The users' configuration with UltraQuant's cache (ngram: an MTP drafter finds no UltraQuant backend on
+    # CUDA), requests arriving among verify batches, and what FULL graphs change on its route.
+    _ultraquant(_combined("k8v4", "ngram"), max_num_batched_tokens=1024),
+    _ultraquant(_arrivals("k8v4", "ngram")),
+    twin(_ultraquant(_arrivals("k8v4", "ngram"))),
     # The exact oracle for the graph bug class, on the cases whose forced tolerance is tighter than the
     # verify kernel's own rounding.
     *(twin(s) for s in (_long_prompts("4bit_nc", 1), _long_prompts("3bit_nc", 3), _arrivals("4bit_nc", "mtp"),
@@ -562,6 +603,9 @@ PROBES: tuple[Scenario, ...] = (
     _single_probe("hybrid-uq", "Qwen3-Next hybrid, UltraQuant 4-bit, backend chosen explicitly", QWEN3_NEXT12_MTP,
                   kv_cache_dtype="ultraquant_4bit", dtype="bfloat16",
                   attention_config={**COMMON["attention_config"], "backend": "ULTRAQUANT"}),
+    # UltraQuant's scenarios with its verify batches in the per-request loop instead of patch 0007's route.
+    _route_off(_ultraquant(_combined("k8v4", "ngram"), max_num_batched_tokens=1024)),
+    _route_off(_ultraquant(_arrivals("k8v4", "ngram"))),
 )
 
 BY_NAME = {s.name: s for s in (*SCENARIOS, *PROBES)}

@@ -15,7 +15,8 @@ patch's ``Obsolete-If: test`` check on a newer unpatched tree too:
    place after the speculator's own advance (device ``seq_lens`` one longer, the new token stored), gives step 2
    the same output as metadata built afresh for step 2, bit for bit, and the causal attention of the new lengths.
    A builder that kept a copy of a device length (or read a host one) at build time fails it.
-2. UltraQuant does not claim it: its kernel takes the host ``max_seq_len`` (checked where the tree has it).
+
+UltraQuant's builder is TurboQuant's; with patch 0007 it claims the update too (test_uq_verify_graphs.py).
 
 Before 0.32 no speculator updates the draft metadata in place, so there is nothing to claim (lines v0.25, v0.27
 run this file too: the first test skips there).
@@ -142,11 +143,3 @@ def test_draft_steps_share_metadata_refreshed_in_place(tq, config, tree, preset)
         f"(largest difference {(in_place.float() - fresh.float()).abs().nan_to_num(float('inf')).max().item():.3g})")
     want, _ = tq_verify_ref(query, steps.keys, steps.values, [n + 1 for n in LENS], 1, SCALE)
     torch.testing.assert_close(in_place.float(), want, **TOL)
-
-
-def test_ultraquant_does_not_claim_it(tq, config, tree):
-    tq_harness.skip_without_ultraquant(tree)
-    uq = tq_harness.load_ultraquant_backend(tree, config, tq)
-    builder = uq.UltraQuantAttentionBackend.get_builder_cls()(_spec("ultraquant_4bit"),
-                                                              ["model.layers.0.self_attn.attn"], config, DEVICE)
-    assert not getattr(builder, "supports_draft_decode_metadata_update", False)

@@ -219,7 +219,7 @@ def test_graph_support_and_reorder_threshold(mods):
     ``decode_query_len`` K+1, the reorder threshold K+1. The release reports UNIFORM_BATCH too, but builds that
     batch as prefills for the host-driven loop (threshold 1), so the level is only asserted together with the
     route that makes it safe. Head dims the kernel does not take keep patch 0001 (less than UNIFORM_BATCH,
-    threshold 1, the loop for verify batches), and so does UltraQuant."""
+    threshold 1, the loop for verify batches). UltraQuant takes the same route to its own kernel (patch 0007)."""
     tq, uq, _ = mods
     cg = tq.AttentionCGSupport
     tq_builder = tq.TurboQuantAttentionBackend.get_builder_cls()
@@ -238,7 +238,7 @@ def test_graph_support_and_reorder_threshold(mods):
             got = (support, builder.reorder_batch_threshold,
                    (meta.num_decodes, getattr(meta, "decode_query_len", 0)))
             where = f"{name}, head dim {head}, K+1={k1}: (graph support, threshold, (decodes, decode_query_len))"
-            if name == "TurboQuant" and head == 128:
+            if head == 128:
                 assert got == (cg.UNIFORM_BATCH, k1, (4, k1)), where
             else:
                 # The decode kernel takes plain decodes, the per-request loop verify batches.
@@ -320,9 +320,13 @@ def test_builder_routes_uniform_decodes_to_the_kernel_and_the_rest_to_the_loop(m
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
 
 
-def test_ultraquant_keeps_the_per_request_loop(mods, v033_tree):
+def test_ultraquant_keeps_the_per_request_loop_with_its_route_off(mods, v033_tree, monkeypatch):
+    """VLLM_TURBOQUANT_ATTENTION_KERNEL=decode turns UltraQuant's route (patch 0007) off: verify batches are
+    prefills of the per-request loop, as with patch 0001 alone."""
     tq_harness.skip_without_ultraquant(v033_tree)
     tq, uq, rec = mods
+    monkeypatch.setattr(getattr(uq, "envs", SimpleNamespace()), "VLLM_TURBOQUANT_ATTENTION_KERNEL", "decode",
+                        raising=False)
     q_lens, ctx = [4, 4], [5, 9]
     kv, table, seq_lens, query, ref = _float_case(q_lens, ctx)
     meta = uq.UltraQuantMetadataBuilder(_spec(16), ["l"], _config(3), "cpu").build(

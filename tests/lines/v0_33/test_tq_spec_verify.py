@@ -38,11 +38,14 @@ def _full_decode_graphs_kept(support, cg, uniform_decode_query_len: int) -> bool
 
 
 # TurboQuant's verify batches run a graph-safe kernel since the line's patch 0003, which gives them FULL graphs
-# back (test_tq_mq_verify.py); UltraQuant keeps the per-request loop.
+# back (test_tq_mq_verify.py), and UltraQuant's its own since 0007 (test_uq_verify_graphs.py); with that route
+# turned off (VLLM_TURBOQUANT_ATTENTION_KERNEL=decode) UltraQuant's verify batches take the per-request loop.
 @pytest.mark.parametrize("backend", ["UltraQuantAttentionBackend"])
-def test_no_full_graphs_for_host_driven_verify_batches(mods, backend, v033_tree):
+def test_no_full_graphs_for_host_driven_verify_batches(mods, backend, v033_tree, monkeypatch):
     tq_harness.skip_without_ultraquant(v033_tree)
     tq, uq, _ = mods
+    monkeypatch.setattr(getattr(uq, "envs", SimpleNamespace()), "VLLM_TURBOQUANT_ATTENTION_KERNEL", "decode",
+                        raising=False)
     cls = getattr(tq if backend.startswith("Turbo") else uq, backend)
     builder = cls.get_builder_cls()
     cg = tq.AttentionCGSupport

@@ -160,9 +160,12 @@ def mq_stand_in(rec: Recorder) -> ModuleType:
     def split_rows(num_reqs: int, k1: int, num_kv_heads: int, device, max_num_kv_splits: int) -> int:
         return num_reqs * k1 * 2
 
+    def num_splits(num_programs: int, num_sms: int, max_num_kv_splits: int) -> int:
+        return min(2, max_num_kv_splits)
+
     return _module("mq", triton_turboquant_mq_verify_attention=attention, tq_mq_verify_supports=supports,
                    tq_mq_device_limits=limits, tq_mq_verify_probe=unused, tq_mq_verify_select=select,
-                   tq_mq_verify_split_rows=split_rows)
+                   tq_mq_verify_split_rows=split_rows, tq_mq_verify_num_splits=num_splits)
 
 
 def _module(name: str, **attrs) -> ModuleType:
@@ -384,18 +387,21 @@ UQ_FORMAT = "vllm/v1/attention/ops/ultraquant/format.py"
 UQ_REFERENCE = "vllm/v1/attention/ops/ultraquant/reference.py"
 
 
-def load_ultraquant_backend(tree: Path, vllm_config: Any = None, tq: ModuleType | None = None) -> ModuleType:
+def load_ultraquant_backend(tree: Path, vllm_config: Any = None, tq: ModuleType | None = None, *,
+                            real_kernel: bool = False) -> ModuleType:
     """The tree's ``ultraquant_attn.py`` as ``load_backend`` runs TurboQuant's, on top of ``tq`` (that tree's
     ``load_backend(tree, vllm_config)``, loaded here if not given): UltraQuant subclasses TurboQuant's backend,
-    builder, metadata and impl. Its kernel is ``uq_kernel_stand_in``; its format and everything else under
-    ``vllm/v1/attention/ops`` are the tree's own."""
+    builder, metadata and impl. Its kernel is ``uq_kernel_stand_in`` (``real_kernel``: the tree's own, which
+    needs a GPU with FP8, sm_89 or newer); its format and everything else under ``vllm/v1/attention/ops`` are
+    the tree's own."""
     tree = Path(tree).resolve()
     if tq is None:
         tq = load_backend(tree, vllm_config)
     stubs, real = _real_kernel_stubs(tree, vllm_config)
     stubs["vllm.v1.attention.backends.turboquant_attn"] = tq
-    stubs[UQ_KERNEL] = uq_kernel_stand_in(tree)
-    key = abs(hash((str(tree), "real", id(vllm_config), id(tq))))
+    if not real_kernel:
+        stubs[UQ_KERNEL] = uq_kernel_stand_in(tree)
+    key = abs(hash((str(tree), "real", id(vllm_config), id(tq), real_kernel)))
     return _exec_file(tree, UQ, f"_uq_real_format_{key}", stubs, real)
 
 
