@@ -5,9 +5,10 @@ Runs in an interpreter that has ``triton`` and ``packaging`` only (no torch, no 
 from the tree, everything else (torch, vllm.envs, the platform) from permissive stand-ins. For head dims 128 and
 256 and 4, 6 and 8 query heads per KV head it compiles the route's launches (16-row decode tiles: the 2D kernel;
 the split-KV kernel and vLLM's ``reduce_segments`` at 16 and 32 segments) for each target and prints one line
-per compile: head dim, group, target, kernel, ok or FAIL, shared memory in bytes.
+per compile: head dim, group, target, kernel, ok or FAIL, shared memory (LDS on ROCm) in bytes. ROCm targets
+(gfx names) compile with the launcher's HIP stages (2D 1, split-KV 3), wave64.
 
-    python uq_route_aot.py TREE 89,90,120    # TRITON_PTXAS_BLACKWELL_PATH for 120 where the wheel's ptxas lacks it
+    python uq_route_aot.py TREE 89,90,120,gfx942    # TRITON_PTXAS_BLACKWELL_PATH: a ptxas with sm_120
 """
 
 from __future__ import annotations
@@ -111,12 +112,16 @@ def load(tree: Path) -> tuple[types.ModuleType, types.ModuleType, types.ModuleTy
             importlib.import_module(f"{OPS}.triton_unified_attention"))
 
 
-def compile_one(fn, constants: dict, capability: int, **options) -> str:
+def gpu_target(name: str) -> GPUTarget:
+    return GPUTarget("hip", name, 64) if name.startswith("gfx") else GPUTarget("cuda", int(name), 32)
+
+
+def compile_one(fn, constants: dict, target: GPUTarget, **options) -> str:
     constants = {k: v for k, v in constants.items() if k in fn.arg_names}
     signature = {p: "constexpr" if p in constants else TYPES.get(p, "i32") for p in fn.arg_names}
     source = ASTSource(fn, signature, constexprs={(fn.arg_names.index(k),): v for k, v in constants.items()})
     try:
-        kernel = triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
+        kernel = triton.compile(source, target=target, options=options)
     except Exception as e:  # noqa: BLE001 - a compile failure is a result here
         lines = [line for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
         return f"FAIL {next((line for line in lines if 'not supported' in line), lines[-1]).strip()[:120]}"
@@ -124,7 +129,7 @@ def compile_one(fn, constants: dict, capability: int, **options) -> str:
 
 
 def main() -> int:
-    tree, capabilities = Path(sys.argv[1]), [int(c) for c in sys.argv[2].split(",")]
+    tree, targets = Path(sys.argv[1]), sys.argv[2].split(",")
     uq, fmt, unified = load(tree)
     gs = fmt.get_group_size()
     for head_dim in (128, 256):
@@ -137,14 +142,18 @@ def main() -> int:
                          V_CODES_OFFSET=fmt.v_codes_offset(head_dim, gs),
                          V_SCALES_OFFSET=fmt.v_scales_offset(head_dim, gs), N_GROUPS_C=fmt.n_groups(head_dim, gs),
                          UE8M0_BIAS_C=fmt.UE8M0_BIAS, USE_SINKS=0, SLIDING_WINDOW=0, USE_FP8=False)
-            for cap in capabilities:
-                runs = [("2d", uq.kernel_ultraquant_unified_attention_2d, {}, dict(num_warps=4, num_stages=2))]
+            for name in targets:
+                target = gpu_target(name)
+                hip = target.backend == "hip"
+                runs = [("2d", uq.kernel_ultraquant_unified_attention_2d, {},
+                         dict(num_warps=4, num_stages=1 if hip else 2))]
                 for segments in (16, 32):
                     runs += [(f"3d-{segments}", uq.kernel_ultraquant_unified_attention_3d,
-                              {"NUM_SEGMENTS_PER_SEQ": segments}, dict(num_warps=2, num_stages=2)),
+                              {"NUM_SEGMENTS_PER_SEQ": segments}, dict(num_warps=2, num_stages=3 if hip else 2)),
                              (f"reduce-{segments}", unified.reduce_segments, {"NUM_SEGMENTS_PER_SEQ": segments}, {})]
-                for name, fn, extra, options in runs:
-                    print(head_dim, group, f"sm_{cap}", name, compile_one(fn, {**tiles, **extra}, cap, **options))
+                label = name if hip else f"sm_{name}"
+                for kernel, fn, extra, options in runs:
+                    print(head_dim, group, label, kernel, compile_one(fn, {**tiles, **extra}, target, **options))
     return 0
 
 
