@@ -8,7 +8,7 @@ SERIES_ARGS ?= $(if $(LINE),--line $(LINE))
 LINE_DIR := $(if $(filter-out current,$(LINE)),lines/$(LINE),.)
 PIN_VERSION := $(shell sed -n 's/^\#: version = //p' $(LINE_DIR)/series 2>/dev/null)
 
-.PHONY: help setup dev check wheel image image-wheel image-base test unit lint bench gpu-bundle gpu-kernel-pack gpu-stack-bundle gpu-test clean
+.PHONY: help setup dev check wheel image image-wheel image-base test test-slow test-full unit lint bench gpu-bundle gpu-kernel-pack gpu-stack-bundle gpu-test clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -47,16 +47,25 @@ image-base: wheel ## a local stand-in for vllm/vllm-openai (Debian + the real wh
 	@scripts/image-base "$$($(BIN)/python -c 'from pathlib import Path; from vllm_patch.series import load_series; from vllm_patch.infrastructure.downloads import fetch; print(fetch(load_series(Path("$(LINE_DIR)")).pin.wheel, quiet=True))')" localhost/vllm-base:$(PIN_VERSION)
 
 lint: $(DEV) ## ruff and hadolint
-	$(BIN)/ruff check tool tests benchmarks guard
+	$(BIN)/ruff check tool tests benchmarks guard devtools
 	$(BIN)/hadolint --failure-threshold warning Dockerfile
 
-# An empty cache and an index nobody answers: a fast test that reaches for the network fails.
-unit: $(DEV) ## the fast tests only (no download: checked, with an empty cache and no index)
+# An empty cache and an index nobody answers: a test of this tier that reaches for the network fails.
+unit: $(DEV) ## the tests that need no vLLM release at all (no download: checked, with an empty cache and no index)
 	@cache=$$(mktemp -d) && VLLM_PATCH_CACHE=$$cache VLLM_PATCH_INDEX_URL=http://127.0.0.1:9/simple \
-		$(BIN)/pytest -q -m "not integration" -p no:cacheprovider; rc=$$?; rm -rf "$$cache"; exit $$rc
+		$(BIN)/pytest -q -m "not integration and not slow" -p no:cacheprovider; rc=$$?; rm -rf "$$cache"; exit $$rc
 
-test: $(DEV) lint ## lint, then every test (the real vLLM sdist and wheel are downloaded once and cached)
-	$(BIN)/pytest -q
+# The tiers (docs/maintaining.md#the-tests): `test` is the fast one, `test-slow` the rest, `test-full` both, each
+# test once. TIME prints a tier's wall time when it ends.
+TIME = start=$$(date +%s); trap 'echo "$@: $$(( $$(date +%s) - start )) s"' EXIT;
+test: $(DEV) lint ## lint, then the fast tier: the tool, every line's check and its CPU tests (minutes; sdists cached)
+	@$(TIME) $(BIN)/pytest -q -p no:cacheprovider -m "not slow"
+
+test-slow: $(DEV) ## the rest: compile matrices, real-wheel venvs, images, outlooks, carried lines; patch removal
+	@$(TIME) $(BIN)/pytest -q -p no:cacheprovider -m slow; rc=$$?; \
+		$(BIN)/python devtools/patch_removal.py || rc=1; exit $$rc
+
+test-full: test test-slow ## every test once: `make test`, then `make test-slow` (what CI runs)
 
 bench: $(DEV) ## benchmark check/apply/revert on the real vLLM tree
 	$(BIN)/python benchmarks/bench_core.py

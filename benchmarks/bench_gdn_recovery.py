@@ -38,7 +38,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests" / "kernels"))
+sys.path.insert(0, str(HERE.parent / "tests" / "support"))
 
 from vllm_tree import load_module  # noqa: E402
 

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent / "tests" / "support"))
 
 from realvllm import CONV, GDN, bench_steps, make_series  # noqa: E402
 from vllm_patch.errors import PatchFailed  # noqa: E402

@@ -30,7 +30,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests" / "kernels"))
+sys.path.insert(0, str(HERE.parent / "tests" / "support"))
 
 from bench_tq_mq_verify import VERIFY, Preset, random_cache  # noqa: E402
 

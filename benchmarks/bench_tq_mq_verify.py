@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests" / "kernels"))
+sys.path.insert(0, str(HERE.parent / "tests" / "support"))
 
 from references import TQLayout, gaussian_centroids, hadamard  # noqa: E402
 from vllm_tree import load_module  # noqa: E402

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent / "tests" / "support"))
 
 from realvllm import bench_steps, make_series  # noqa: E402
 from vllm_patch.artifacts.wheel import build_wheel  # noqa: E402

@@ -1,11 +1,9 @@
 from __future__ import annotations
 
-import sys
+import os
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 from helpers import VERSION_PY, build_series, edit  # noqa: E402
 from vllm_trees import patched_copy, pristine, tree_from_env  # noqa: E402
@@ -23,14 +21,29 @@ REAL_TREES = {"pristine_tree", "patched_tree", "patch1_tree", "v033_pristine_tre
               "v027_tree", "v025_pristine_tree", "v025_tree"}
 
 
+# Set by devtools/patch_removal.py: only the tests that name this patch run.
+JUDGED_ENV = "VLLM_PATCH_JUDGED_PATCH"
+
+
+def names_patch(item: pytest.Item, name: str) -> bool:
+    """Whether the test judges patch `name` (``@pytest.mark.patch(...)`` on it, its class or its module)."""
+    return any(name in mark.args for mark in item.iter_markers("patch"))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """A test on the real release's trees is an integration test, so ``-m "not integration"``
-    (``make unit``) never downloads anything. A test that fetches a tree by name at run time
-    (``request.getfixturevalue``) is not seen here: its module marks itself."""
+    never downloads anything. A test that fetches a tree by name at run time
+    (``request.getfixturevalue``) is not seen here: its module marks itself. Under
+    ``$VLLM_PATCH_JUDGED_PATCH`` only the tests that name that patch are kept."""
     for item in items:
         if REAL_TREES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("integration"):
             item.add_marker(pytest.mark.integration)
+    judged = os.environ.get(JUDGED_ENV)
+    if judged:
+        kept = [item for item in items if names_patch(item, judged)]
+        config.hook.pytest_deselected(items=[item for item in items if not names_patch(item, judged)])
+        items[:] = kept
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from test_outlook import OLD, patched_layer, upstream  # noqa: F401 - the fixtur
 from vllm_patch.cli import main
 from vllm_patch.engine.patchfile import parse_patch
 from vllm_patch.errors import InputError, VllmPatchError
+from vllm_patch.infrastructure.verdict_cache import VerdictCache, code_digest, tree_digest
 from vllm_patch.lifecycle.obsolete import Judge, conditions, project_test_runner
 from vllm_patch.lifecycle.outlook import build_outlook
 from vllm_patch.series import load_series
@@ -85,7 +86,8 @@ def test_a_test_that_does_not_exist_is_an_invalid_trailer(upstream, tmp_path):  
 
 
 def judge_of(root: Path, tree: Path) -> Judge:
-    return Judge(lambda paths: {}, project_test_runner(root, lambda: tree))
+    """A judge whose verdicts are kept in a cache of the test's own, so every test runs its checks."""
+    return Judge(lambda paths: {}, project_test_runner(root, lambda: tree, VerdictCache(root / ".verdicts")))
 
 
 def test_a_test_node_that_does_not_exist_is_an_error_not_a_verdict(tmp_path):
@@ -183,7 +185,7 @@ def test_many_checks_run_in_one_pytest_run_with_a_verdict_each(tmp_path, monkeyp
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: runs.append(a) or real(*a, **k))
     nodes = ["tests/test_p.py::test_ok", "tests/test_p.py::test_bad", "tests/test_q.py::test_some",
              "tests/test_q.py::test_all"]
-    got = project_test_runner(root, lambda: tmp_path).many(nodes)
+    got = project_test_runner(root, lambda: tmp_path, VerdictCache(tmp_path / "verdicts")).many(nodes)
     assert len(runs) == 1
     assert {n: ok for n, (ok, _) in got.items()} == dict(zip(nodes, [True, False, False, True], strict=True))
     assert "2 tests, 1 failure" in got["tests/test_q.py::test_some"][1]
@@ -199,3 +201,30 @@ def test_judge_prepares_every_patchs_checks_in_one_run(tmp_path, monkeypatch):
     judge.prepare([patch])
     found = judge.judge(patch)
     assert len(runs) == 1 and (found.held, found.pending) == (("a",), ("b",))
+
+
+def test_a_verdict_is_kept_for_the_same_tree_and_tests_and_given_again_when_either_changes(tmp_path, monkeypatch):
+    root = series_with(tmp_path, 'test "tests/test_p.py::test_ok"')
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "f.py").write_text("x = 1\n")
+    runs = []
+    real = subprocess.run
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: runs.append(a) or real(*a, **k))
+    verdicts = VerdictCache(tmp_path / "verdicts")
+
+    def ask():
+        return project_test_runner(root, lambda: base, verdicts)("tests/test_p.py::test_ok")
+
+    assert ask()[0] and len(runs) == 1
+    again = ask()
+    assert again[0] and "cached" in again[1] and len(runs) == 1
+    tree_digest.cache_clear()
+    (base / "f.py").write_text("x = 2\n")  # another tree
+    assert ask()[0] and len(runs) == 2
+    code_digest.cache_clear()
+    (root / "tests" / "test_p.py").write_text("def test_ok():\n    assert False\n")  # other test code
+    assert not ask()[0] and len(runs) == 3
+    monkeypatch.setenv("VLLM_PATCH_NO_VERDICT_CACHE", "1")
+    assert not project_test_runner(root, lambda: base, VerdictCache(tmp_path / "verdicts"))(
+        "tests/test_p.py::test_ok")[0] and len(runs) == 4

@@ -19,7 +19,7 @@
 #   tests/gpu/host.sh save-cache FILE | load-cache FILE   Triton and vLLM compile caches, as tar.xz
 #   tests/gpu/host.sh kernel-pack DIR CMD...   kernel-level runs without the vLLM wheel: unpack the pack
 #                                       tests/gpu/kernel_pack.py made in DIR, run CMD with both trees named, e.g.
-#                                       kernel-pack .gpu/kt python3 -m pytest -n 14 tests/kernels tests/turboquant
+#                                       kernel-pack .gpu/kt python3 -m pytest -n 14 tests/lines/v0_20/kernels tests/lines/v0_20/turboquant
 #
 # VP_HOME (default /tmp/vllm-patch-gpu) holds everything; VP_REPORT (default tests/gpu/reports)
 # receives the report; VP_TREES (default "unpatched patched") picks the trees.
@@ -97,7 +97,7 @@ kernels() {
     cd "$ROOT"
     VLLM_PATCH_PRISTINE_TREE=$VP_HOME/pristine VLLM_PATCH_PATCHED_TREE=$VP_HOME/patched \
         PYTHONPATH="$ROOT/tool:$VP_HOME/patched:$VP_HOME/site" "$PY" -m pytest -q -p no:cacheprovider \
-        tests/kernels tests/turboquant tests/gdn "$@"
+        tests/lines/v0_20/kernels tests/lines/v0_20/turboquant tests/lines/v0_20/gdn "$@"
 }
 
 scenarios() {

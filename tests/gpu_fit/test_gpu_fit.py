@@ -100,7 +100,6 @@ def test_checker_flags_a_plan_blind_to_the_device(kernel_v020: Path, tmp_path: P
 
 def test_presets_match_the_reference_layouts():
     """fitmatrix's slot layout per preset is the one the kernel tests' reference builds."""
-    sys.path.insert(0, str(Path(__file__).parents[1] / "kernels"))
     references = pytest.importorskip("references")
     for p in PRESETS:
         for d in (128, 256):

@@ -56,7 +56,7 @@ def vllm_wheel() -> Path:
 def make_vllm_venv(dest: Path, guard_wheel: Path, wheel: Path | None = None) -> Path:
     """A virtualenv with the real vLLM wheel (default the pinned one; ``--no-deps``) and the guard; its
     interpreter."""
-    sys.path.insert(0, str(PROJECT / "tests"))
+    sys.path.insert(0, str(PROJECT / "tests" / "support"))
     from realvllm import make_venv
 
     py = make_venv(dest, wheel or vllm_wheel())

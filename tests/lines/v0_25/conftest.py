@@ -19,8 +19,6 @@ if not torch.cuda.is_available():
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent / "v0_33"))  # tq_harness
-sys.path.insert(0, str(HERE.parent))  # zero_draft
-sys.path.insert(0, str(HERE.parents[1] / "kernels"))  # vllm_tree, references
 
 from vllm_patch.infrastructure.downloads import pinned_base_tree  # noqa: E402
 from vllm_patch.lines import line_named  # noqa: E402

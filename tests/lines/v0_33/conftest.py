@@ -7,15 +7,16 @@ the pristine tree shows which tests the line makes pass (``$VLLM_PATCH_V033_PRIS
 release). A patch's ``Obsolete-If: test`` check runs these tests on a newer release's unpatched tree, which
 the tool names in ``$VLLM_PATCH_BASE_UNDER_TEST``: ``v033_tree`` is then that tree.
 
-``$VLLM_PATCH_V033_LINE`` names another line that carries these fixes to an earlier release (``v0.32``): the
-tests then read that line's pinned release and apply that line (tests/integration/test_lines_real.py runs them
-so for every such line).
+The lines that carry these fixes to earlier releases (``CARRIED``) run the same tests in the same process, each
+on its own pinned release with that line applied: every test here is parametrized by the line (``[current]``,
+``[v0.32]``, ...), the carried lines' runs marked ``slow`` (the full tier). ``$VLLM_PATCH_V033_LINE`` names one
+line to run alone; a tree named by the variables above is tested alone, under the test's plain id, as an
+``Obsolete-If: test`` check names it.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,23 +26,49 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parents[1] / "kernels"))  # vllm_tree
 
 from vllm_patch.infrastructure.downloads import pinned_base_tree  # noqa: E402
-from vllm_patch.lines import line_for, line_named  # noqa: E402
+from vllm_patch.lines import CURRENT, line_for, line_named  # noqa: E402
 from vllm_patch.series import Series  # noqa: E402
 from vllm_trees import PROJECT, patched_copy, tree_from_env  # noqa: E402
 
 VERSION = "0.33.0"
 
 
+# The lines whose patches are the current line's, rebased onto an earlier release.
+CARRIED = ("v0.32", "v0.27", "v0.25")
+LINE_ENV = "VLLM_PATCH_V033_LINE"
+TREE_ENVS = ("VLLM_PATCH_V033_TREE", "VLLM_PATCH_V033_PRISTINE_TREE", "VLLM_PATCH_BASE_UNDER_TEST")
+
+
+def lines_under_test() -> list[str] | None:
+    """The lines to parametrize by, or None where one tree or one line is named (the tests keep their ids)."""
+    if os.environ.get(LINE_ENV) or any(os.environ.get(var) for var in TREE_ENVS):
+        return None
+    return [CURRENT, *CARRIED]
+
+
+def pytest_generate_tests(metafunc):
+    lines = lines_under_test()
+    if lines is not None and "v033_line" in metafunc.fixturenames:
+        metafunc.parametrize("v033_line", [pytest.param(line, marks=() if line == CURRENT else pytest.mark.slow)
+                                           for line in lines], indirect=True, scope="session")
+
+
 @pytest.fixture(scope="session")
-def v033_series() -> Series:
-    """The series of the line pinned to VERSION (these tests read 0.33.0's files), wherever it lives, or the line
-    $VLLM_PATCH_V033_LINE names."""
-    other = os.environ.get("VLLM_PATCH_V033_LINE")
-    return line_named(PROJECT, other).load() if other else line_for(PROJECT, VERSION).load()
+def v033_line(request) -> str | None:
+    """The line these tests run for (parametrized), or $VLLM_PATCH_V033_LINE, or None: the line pinned to
+    VERSION."""
+    return getattr(request, "param", None) or os.environ.get(LINE_ENV) or None
+
+
+@pytest.fixture(scope="session")
+def v033_series(v033_line: str | None) -> Series:
+    """The series of the line pinned to VERSION (these tests read 0.33.0's files), wherever it lives, or of the
+    carried line under test."""
+    if v033_line and v033_line != CURRENT:
+        return line_named(PROJECT, v033_line).load()
+    return line_for(PROJECT, VERSION).load()
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,8 @@ from accepted_counts import assert_stays_in_row, assert_valid_counts_unchanged
 
 import vllm_tree
 
+pytestmark = pytest.mark.patch("gdn-bound-the-accepted-token-index")
+
 # 0.33 moved fla's op.py; the interpreter needs its late-bound tl aliases there too.
 vllm_tree.AFTER_EXEC["vllm.third_party.flash_linear_attention.ops.op"] = vllm_tree._late_bound_tl_aliases
 

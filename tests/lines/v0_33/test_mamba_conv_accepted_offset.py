@@ -29,6 +29,8 @@ from accepted_counts import assert_valid_counts_unchanged
 
 import vllm_tree
 
+pytestmark = pytest.mark.patch("gdn-bound-the-accepted-token-index")
+
 CONV = "vllm/model_executor/layers/mamba/ops/causal_conv1d.py"
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 

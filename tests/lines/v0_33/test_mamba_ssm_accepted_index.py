@@ -30,6 +30,8 @@ from accepted_counts import assert_stays_in_row, assert_valid_counts_unchanged
 
 import vllm_tree
 
+pytestmark = pytest.mark.patch("gdn-bound-the-accepted-token-index")
+
 SSM = "vllm/model_executor/layers/mamba/ops/mamba_ssm.py"
 HELPERS = "vllm/model_executor/layers/mamba/ops/triton_helpers.py"
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

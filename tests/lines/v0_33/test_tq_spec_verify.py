@@ -24,6 +24,8 @@ import pytest
 import torch
 import tq_harness
 
+pytestmark = pytest.mark.patch("turboquant-full-cudagraphs-with-speculative-decoding")
+
 
 @pytest.fixture(scope="module")
 def mods(v033_tree):

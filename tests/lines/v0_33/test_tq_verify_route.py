@@ -41,8 +41,10 @@ import tq_harness
 import vllm_tree
 from references import TQLayout, build_tq_cache, tq_verify_ref, tq_verify_rows
 
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"),
+    pytest.mark.patch("turboquant-full-cudagraphs-with-speculative-decoding", "turboquant-multi-query-verify-kernel"),
+]
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CENTROIDS = "vllm/model_executor/layers/quantization/turboquant/centroids.py"

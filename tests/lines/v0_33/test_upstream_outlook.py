@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from helpers import git
+from vllm_patch.infrastructure.downloads import pinned_base_tree
 from vllm_patch.lifecycle.outlook import build_outlook, short, to_markdown
 from vllm_patch.lifecycle.upstream_trees import UpstreamCache
+from vllm_patch.lines import line_for
 from vllm_trees import PROJECT
 
 UPSTREAM = Path(__file__).parent / "upstream"
@@ -47,14 +49,20 @@ EXPECTED: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
 }
 
 
+# Six outlook columns, each running the line's test checks on a tree of its own (cached verdicts: seconds).
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+
 @pytest.fixture(scope="module")
-def outlook(v033_pristine_tree, v033_series, tmp_path_factory):
-    """The outlook over 0.33.0 and one tag 0.33.N a stand-in."""
-    if v033_series.pin.version != "0.33.0":
+def outlook(tmp_path_factory):
+    """The outlook over 0.33.0 and one tag 0.33.N a stand-in (the current line only: the stand-ins are built on
+    0.33.0)."""
+    series = line_for(PROJECT, "0.33.0").load()
+    if series.pin.version != "0.33.0":
         pytest.skip(f"the stand-ins of upstream PRs (upstream/*.diff) and the outlook's repository are built on "
-                    f"0.33.0 (tag v0.33.0); this line is pinned to {v033_series.pin.version}")
+                    f"0.33.0 (tag v0.33.0); this line is pinned to {series.pin.version}")
     repo = tmp_path_factory.mktemp("upstream") / "vllm"
-    shutil.copytree(v033_pristine_tree, repo, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(pinned_base_tree(series.pin, quiet=True), repo, ignore=shutil.ignore_patterns("__pycache__"))
     git(repo, "init", "-q", "-b", "main")
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "vLLM 0.33.0")
@@ -67,7 +75,7 @@ def outlook(v033_pristine_tree, v033_series, tmp_path_factory):
         git(repo, "tag", f"v0.33.{n}")
         versions.append(f"0.33.{n}")
     cache = UpstreamCache(tmp_path_factory.mktemp("cache") / "cache.git")
-    return build_outlook(v033_series, cache, versions, repo=str(repo), quiet=True, root=PROJECT)
+    return build_outlook(series, cache, versions, repo=str(repo), quiet=True, root=PROJECT)
 
 
 def fates(result) -> dict[str, dict[str, tuple[str, tuple[str, ...]]]]:

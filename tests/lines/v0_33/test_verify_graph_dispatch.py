@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 import runner_dispatch
-
 from verify_dispatch import OTHER_SHAPES, PROMPT_CHUNK_BATCHES, VERIFY_BATCHES
+
+pytestmark = pytest.mark.patch("spec-decode-v1-full-graphs-only-for-verify-batches")
 
 
 @pytest.fixture(scope="module")

@@ -44,6 +44,7 @@ from pathlib import Path
 from ..engine.analysis import Contents
 from ..engine.patchfile import Patch, check_path
 from ..errors import CheckNotRun, InputError
+from ..infrastructure.verdict_cache import VerdictCache
 
 TRAILER = "Obsolete-If"
 RE_FILE = re.compile(r"^(?P<path>\S+)\s+(?P<op>contains|matches)\s+(?P<text>.+)$")
@@ -224,11 +225,13 @@ class ProjectTests:
     """Runs the project's tests with pytest on an unpatched tree (`tree()`, made on first use): one node
     (a callable TestRunner), or many nodes in one pytest run (`many`), since every run pays for the
     interpreter, torch and the tree's imports again. Only files of the project's ``tests/`` run; a run
-    that cannot give a verdict raises CheckNotRun."""
+    that cannot give a verdict raises CheckNotRun. A verdict already given for the same tree, test code
+    and environment is taken from the verdict cache (infrastructure/verdict_cache.py) instead of run again."""
 
-    def __init__(self, project: Path, tree: Callable[[], Path]) -> None:
+    def __init__(self, project: Path, tree: Callable[[], Path], verdicts: VerdictCache | None = None) -> None:
         self.project = project
         self.tree = tree
+        self.verdicts = verdicts or VerdictCache()
 
     def __call__(self, node: str) -> tuple[bool, str]:
         return self.many([node])[node]
@@ -237,6 +240,18 @@ class ProjectTests:
         for node in nodes:
             test_file(self.project, node, f"invalid test {node!r}")
         root = self.tree()
+        keys = {node: self.verdicts.key(self.project, root, node) for node in nodes}
+        found = {node: self.verdicts.get(key) for node, key in keys.items()}
+        done = {node: (v[0], f"{v[1]} (cached verdict)") for node, v in found.items() if v is not None}
+        missing = [node for node in nodes if node not in done]
+        if missing:
+            ran = self._run(root, missing)
+            for node, verdict in ran.items():
+                self.verdicts.put(keys[node], verdict)
+            done.update(ran)
+        return {node: done[node] for node in nodes}
+
+    def _run(self, root: Path, nodes: list[str]) -> dict[str, tuple[bool, str]]:
         what = nodes[0] if len(nodes) == 1 else f"{nodes[0]} (+{len(nodes) - 1})"
         with tempfile.TemporaryDirectory(prefix="vllm-patch-obsolete-") as tmp:
             report = Path(tmp) / "junit.xml"
@@ -278,9 +293,11 @@ def _verdict(node: str, cases: list[ET.Element]) -> tuple[bool, str]:
     return ok, f"test {node}: {len(cases)} tests, " + ", ".join(f"{v} {k}" for k, v in counts.items())
 
 
-def project_test_runner(project: Path, tree: Callable[[], Path]) -> ProjectTests:
-    """The project's tests on the unpatched tree `tree()` (see ProjectTests)."""
-    return ProjectTests(project, tree)
+def project_test_runner(project: Path, tree: Callable[[], Path],
+                        verdicts: VerdictCache | None = None) -> ProjectTests:
+    """The project's tests on the unpatched tree `tree()` (see ProjectTests), their verdicts kept in
+    `verdicts` (default: the user's cache)."""
+    return ProjectTests(project, tree, verdicts)
 
 
 def _ran(node: str, done: subprocess.CompletedProcess) -> None:

@@ -88,10 +88,12 @@ def version_of_tag(tag: str) -> str:
 
 
 class UpstreamCache:
-    """The bare cache repository (``<cache>/upstream.git``)."""
+    """The bare cache repository (``<cache>/upstream.git``) and, beside it, the trees it unpacks or checks out
+    (``<cache>/trees``): a cache given a path of its own writes nothing anywhere else."""
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or cache_root() / "upstream.git"
+        self.trees = self.path.parent / "trees"
         self._exists: dict[tuple[str, str], bool] = {}
         try:
             if (self.path / "HEAD").is_file():
@@ -132,7 +134,7 @@ class UpstreamCache:
         commit = self._ref(ref)
         if commit is None:
             artifact = indexed_artifact("vllm", f"vllm-{version}.tar.gz")
-            tree = unpack_sdist(fetch(artifact, quiet=quiet), artifact.sha256, cache_root() / "trees")
+            tree = unpack_sdist(fetch(artifact, quiet=quiet), artifact.sha256, self.trees)
             commit = self._import_dir(tree, f"vLLM {version} from the PyPI sdist (sha256 {artifact.sha256})")
             self.git("update-ref", ref, commit)
         return self.describe(commit, f"PyPI sdist vllm-{version}.tar.gz")
@@ -251,7 +253,7 @@ class UpstreamCache:
 
     def checkout(self, commit: str) -> Path:
         """A directory holding the files of `commit` (written once, cached)."""
-        dest = cache_root() / "trees" / f"commit-{commit[:20]}"
+        dest = self.trees / f"commit-{commit[:20]}"
         if (dest / ".complete").is_file():
             return dest
         dest.parent.mkdir(parents=True, exist_ok=True)

@@ -20,8 +20,10 @@ import transformers
 
 from vllm_tree import load_module
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "gpu"))
 from harness.models import QWEN3_NEXT12  # noqa: E402  (the model of GPU scenario b-tq-hybrid-gdn)
+
+pytestmark = pytest.mark.patch("turboquant-on-hybrid-attention-gdn-models")
 
 CONFIG = "vllm/model_executor/layers/quantization/turboquant/config.py"
 

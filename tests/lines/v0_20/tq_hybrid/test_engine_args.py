@@ -18,8 +18,10 @@ import pytest
 import transformers
 from tree_exec import exec_block, find_statement
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "gpu"))
 from harness.models import LLAMA6, QWEN3_NEXT12  # noqa: E402
+
+pytestmark = pytest.mark.patch("turboquant-on-hybrid-attention-gdn-models")
 
 ARG_UTILS = "vllm/engine/arg_utils.py"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 # '#: also'), so test series pin what a real one pins: vLLM 0.20.0, whose real sdist and wheel the integration
 # tests edit (tests/realvllm.py).
 PIN_LINES = "".join(line + "\n" for line in
-                    (Path(__file__).resolve().parents[1] / "lines" / "v0.20" / "series").read_text().splitlines()
+                    (Path(__file__).resolve().parents[2] / "lines" / "v0.20" / "series").read_text().splitlines()
                     if line.startswith("#:") and not line.startswith("#: also"))
 
 VERSION_PY = b"__version__ = version = '0.20.0'\n__commit_id__ = commit_id = 'gb8160878f'\n"

@@ -29,7 +29,7 @@ import torch
 from references import build_tq_cache, stage_graph_batch, tq_attention_ref
 from vllm_tree import interpreted, load_module
 
-pytestmark = pytest.mark.kernels
+pytestmark = [pytest.mark.kernels, pytest.mark.patch("turboquant-route-spec-verify-batches-through-decode-kernel")]
 
 DECODE = "vllm/v1/attention/ops/triton_turboquant_decode.py"
 ROUTE_LIMIT = 128  # the backend's _SPEC_VERIFY_MAX_QUERY_LEN

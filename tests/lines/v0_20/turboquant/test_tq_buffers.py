@@ -18,6 +18,8 @@ import torch
 
 from vllm_tree import load_function
 
+pytestmark = pytest.mark.patch("turboquant-route-spec-verify-batches-through-decode-kernel")
+
 ATTENTION = "vllm/model_executor/layers/attention/attention.py"
 MAX_NUM_SEQS, BATCHED_TOKENS, SPLITS, HEADS, HEAD_DIM = 8, 2048, 32, 4, 128
 

@@ -8,7 +8,6 @@ with the series up to patch 0001 only (always built here), to check that the fir
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import torch
@@ -20,8 +19,6 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "kernels"))  # vllm_tree, references
 
 from vllm_trees import patched_copy  # noqa: E402
 

@@ -7,7 +7,6 @@ release line v0.20's pinned release (0.20.0) and a copy with that line's series 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import torch
@@ -19,8 +18,6 @@ if not torch.cuda.is_available():
 
 import numpy  # noqa: E402
 import pytest  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 from vllm_tree import interpreted  # noqa: E402
 

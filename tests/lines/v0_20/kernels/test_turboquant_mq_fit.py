@@ -32,8 +32,10 @@ from unidiff import PatchSet
 from references import build_tq_cache, tq_verify_ref, tq_verify_rows
 from vllm_tree import load_module
 
+pytestmark = pytest.mark.patch("turboquant-multi-query-verify-kernel")
+
 VERIFY = "vllm/v1/attention/ops/triton_turboquant_verify.py"
-PROJECT = Path(__file__).resolve().parents[2]
+PROJECT = Path(__file__).resolve().parents[4]
 CUDA = torch.cuda.is_available()
 GPU_ONLY = "compiles for this GPU: runs on the GPU host (tests/gpu/host.sh kernel-pack)"
 MSE_BITS = {"k8v4": 0, "4bit_nc": 4, "k3v4_nc": 3, "3bit_nc": 3}

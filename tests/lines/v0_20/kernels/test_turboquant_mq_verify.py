@@ -33,7 +33,7 @@ import torch
 from references import build_tq_cache, stage_graph_batch, tq_verify_ref, tq_verify_rows
 from vllm_tree import load_module
 
-pytestmark = pytest.mark.kernels
+pytestmark = [pytest.mark.kernels, pytest.mark.patch("turboquant-multi-query-verify-kernel")]
 
 VERIFY = "vllm/v1/attention/ops/triton_turboquant_verify.py"
 DECODE = "vllm/v1/attention/ops/triton_turboquant_decode.py"

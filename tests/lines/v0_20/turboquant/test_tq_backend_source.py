@@ -17,7 +17,10 @@ import pytest
 
 # Every test reads a real tree, fetched by name at run time (`_tree`), which the collection hook in
 # tests/conftest.py cannot see: so the module says it.
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.patch(
+    "turboquant-capture-safe-continuation-prefill",
+    "turboquant-route-spec-verify-batches-through-decode-kernel",
+)]
 
 BACKEND = "vllm/v1/attention/backends/turboquant_attn.py"
 DECODE = "vllm/v1/attention/ops/triton_turboquant_decode.py"

@@ -8,11 +8,8 @@ Pointing ``$VLLM_PATCH_PATCHED_TREE`` at the pristine tree shows which tests the
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "kernels"))  # vllm_tree.load_module
 
 

@@ -16,7 +16,7 @@ from vllm_trees import line_series
 
 pytestmark = pytest.mark.kernels
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent / "support"  # vllm_tree
 DECODE = "vllm/v1/attention/ops/triton_turboquant_decode.py"
 STAGE2 = "vllm/v1/attention/ops/triton_decode_attention.py"
 STORE = "vllm/v1/attention/ops/triton_turboquant_store.py"

@@ -23,8 +23,10 @@ import torch
 import transformers
 from hybrid_plan import Model, check_layout, plan
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "gpu"))
 from harness.models import QWEN3_NEXT12  # noqa: E402  (the model of GPU scenario b-tq-hybrid-gdn)
+
+pytestmark = pytest.mark.patch("turboquant-on-hybrid-attention-gdn-models")
 
 QWEN3_NEXT = Model.from_hf(transformers.Qwen3NextConfig(**QWEN3_NEXT12.config))
 BOUNDARY = ["1", "3", "9", "11"]  # the skip list create_engine_config makes for it (test_engine_args)

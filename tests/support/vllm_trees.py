@@ -21,7 +21,7 @@ from vllm_patch.operations import apply
 from vllm_patch.series import Series
 from vllm_patch.targets.tree import TreeTarget
 
-PROJECT = Path(__file__).resolve().parents[1]
+PROJECT = Path(__file__).resolve().parents[2]
 # The release line whose patches tests/kernels, tests/turboquant, tests/tq_hybrid and tests/gdn test.
 LINE = "v0.20"
 

@@ -25,6 +25,8 @@ import torch.nn.functional as F
 
 from vllm_tree import interpreted, load_module
 
+pytestmark = pytest.mark.patch("gdn-recover-conv-and-ssm-state-after-spec-decode")
+
 RECURRENT = "vllm/model_executor/layers/fla/ops/fused_recurrent.py"
 SIGMOID_GATING = "vllm/model_executor/layers/fla/ops/fused_sigmoid_gating.py"
 H, HV, K, V = 2, 4, 16, 16  # k-heads, v-heads, head sizes

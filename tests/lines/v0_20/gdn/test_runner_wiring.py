@@ -21,9 +21,15 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-
 import verify_dispatch
 from verify_dispatch import RUNNER, function
+
+pytestmark = pytest.mark.patch(
+    "gdn-recover-conv-and-ssm-state-after-spec-decode",
+    "gdn-state-recovery-for-mixed-batches-and-zero-draft-rows",
+    "gdn-verify-zero-draft-decodes-on-the-spec-path",
+    "spec-decode-full-graphs-only-for-verify-batches",
+)
 
 METHODS = ["ngram", "mtp", "eagle", "eagle3", "draft_model", "suffix"]
 

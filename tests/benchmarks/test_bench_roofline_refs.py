@@ -5,19 +5,13 @@ on CPU under Triton's interpreter (or on a GPU) against PyTorch over a shuffled 
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
+import bench_tq_mq_roofline as roof
 import pytest
 import torch
+from bench_tq_mq_verify import random_cache
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import bench_tq_mq_roofline as roof  # noqa: E402
-from bench_tq_mq_verify import random_cache  # noqa: E402
-
-from references import TQLayout, gaussian_centroids  # noqa: E402
+from references import TQLayout, gaussian_centroids
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BLOCK_N, PAGE, SPLITS, MIN_SPLIT = 16, 16, 3, 16

@@ -17,6 +17,11 @@ import torch
 import gdn_builder_cases
 from gdn_builder_harness import make_builder
 
+pytestmark = pytest.mark.patch(
+    "gdn-recover-conv-and-ssm-state-after-spec-decode",
+    "gdn-state-recovery-for-mixed-batches-and-zero-draft-rows",
+)
+
 pytest.importorskip("vllm", reason="needs an importable, patched vLLM: run on the GPU host by "
                                    "tests/gpu/host.sh kernels; test_gdn_builder.py runs the same cases on CPU")
 

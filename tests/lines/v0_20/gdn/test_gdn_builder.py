@@ -13,6 +13,11 @@ import pytest
 import gdn_builder_cases
 from gdn_builder_harness import load_gdn_attn, make_builder
 
+pytestmark = pytest.mark.patch(
+    "gdn-recover-conv-and-ssm-state-after-spec-decode",
+    "gdn-state-recovery-for-mixed-batches-and-zero-draft-rows",
+)
+
 
 @pytest.fixture(scope="module")
 def gdn_attn(patched_tree):
