@@ -21,6 +21,8 @@ REAL_TREES = {"pristine_tree", "patched_tree", "patch1_tree", "v033_pristine_tre
               "v027_tree", "v025_pristine_tree", "v025_tree"}
 
 
+# Fixtures that install a real vLLM wheel into a virtualenv: their tests are the full tier's (``slow``).
+SLOW_FIXTURES = {"venv_python"}
 # Set by devtools/patch_removal.py: only the tests that name this patch run.
 JUDGED_ENV = "VLLM_PATCH_JUDGED_PATCH"
 
@@ -39,6 +41,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if REAL_TREES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("integration"):
             item.add_marker(pytest.mark.integration)
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
     judged = os.environ.get(JUDGED_ENV)
     if judged:
         kept = [item for item in items if names_patch(item, judged)]

@@ -67,6 +67,7 @@ def _assert_ci_routes(doc: dict) -> None:
         assert h["shared"] <= h["limit"], h
 
 
+@pytest.mark.slow
 def test_ci_subset_triton36_line_v020(kernel_v020: Path, tmp_path: Path):
     """Line v0.20 with Triton 3.6.0 (the project's own venv)."""
     python = triton_python("3.6.0")
@@ -74,6 +75,7 @@ def test_ci_subset_triton36_line_v020(kernel_v020: Path, tmp_path: Path):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_ci_subset_triton38_current_line(kernel_current: Path, triton38_python: Path, tmp_path: Path):
     """The current line with Triton 3.8.0 (a venv of its own: PyPI)."""
     _assert_ci_routes(_run_ci(triton38_python, kernel_current, tmp_path))

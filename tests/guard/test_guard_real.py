@@ -27,7 +27,7 @@ from guardenv import (
 from vllm_patch.lines import line_named
 from vllm_patch.series import load_series
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CURRENT = line_named(PROJECT, "current").load()
 

@@ -18,7 +18,7 @@ from realvllm import NEW_KERNEL, make_venv
 from vllm_patch.engine.analysis import analyze
 from vllm_patch.series import load_series
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 PROJECT = Path(__file__).resolve().parents[2]
 
 

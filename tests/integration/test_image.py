@@ -31,6 +31,7 @@ LINE = "v0.20"  # the line pinned to the base image's vLLM (conftest's pin)
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.image,
+    pytest.mark.slow,
     pytest.mark.skipif(not (shutil.which("buildah") and shutil.which("debootstrap") and os.geteuid() == 0),
                        reason=NEEDS),
 ]

@@ -18,7 +18,7 @@ from vllm_patch import __version__
 from vllm_patch.infrastructure.downloads import fetch
 from vllm_patch.lines import CURRENT, line_named
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 PROJECT = Path(__file__).resolve().parents[2]
 # What a build reads: the package, its build step and the release lines (no build leftovers).

@@ -42,6 +42,7 @@ def test_the_releases_each_line_declares_are_the_ones_checked_here():
     assert {line.name: line.load().pin.also for line in lines_of(PROJECT) if line.load().pin.also} == ALSO
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("line", sorted(ALSO))
 def test_a_line_applies_cleanly_to_the_other_releases_it_declares(line):
     """Every patch applies cleanly, in series order, to each release the line declares besides its pin."""
@@ -58,6 +59,7 @@ def test_a_line_applies_cleanly_to_the_other_releases_it_declares(line):
         assert set(states.values()) == {"clean"}, (version, states)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("version", "line"), [("0.20.1", "v0.20"), ("0.20.2", "v0.20"), ("0.25.0", "v0.25"),
                                                ("0.25.1", "v0.25"), ("0.27.0", "v0.27"), ("0.27.1", "v0.27"),
                                                ("0.32.0", "v0.32")])

@@ -24,7 +24,7 @@ from vllm_patch.lifecycle.obsolete import conditions
 from vllm_patch.lines import line_named
 from vllm_patch.series import load_series
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 PROJECT = Path(__file__).resolve().parents[2]
 LINE = "v0.20"

@@ -12,7 +12,7 @@ import pytest
 from helpers import git, run_cli, snapshot
 from realvllm import CONV, make_series, rebase_steps
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 @pytest.fixture

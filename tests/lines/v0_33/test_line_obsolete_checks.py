@@ -42,6 +42,7 @@ def _shared(series) -> list:
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # pytest on two trees a line, as outlook runs the checks
 def test_still_needed_on_the_release_and_obsolete_where_the_fix_is(v033_series, judges):
     shared = _shared(v033_series)
     assert len(shared) >= 5, [p.name for p in shared]
