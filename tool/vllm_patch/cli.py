@@ -305,14 +305,16 @@ def status(ctx, target_spec, python, kind, wait, as_json, full, expect) -> None:
 @click.pass_context
 @handle_errors
 def build_wheel_cmd(ctx: click.Context, source: Path | None, out_dir: Path, wait: float, as_json: bool) -> None:
-    """Build a patched vLLM wheel (version <pin>+vp.<series digest>) from the line's pinned upstream wheel."""
-    series = _series(ctx)
+    """Build a patched vLLM wheel (version <release>+vp.<series digest>) from the line's pinned upstream wheel,
+    or from the wheel given with --from (with the line proven on its release)."""
+    series, line_note, _ = operations.series_for_wheel(_root(ctx), source, ctx.obj.get("line"))
     built = operations.build_wheel(series, source, out_dir, quiet=as_json, wait=wait, on_wait=_waiting)
+    notes = ([line_note] if line_note else []) + built.notes
     if as_json:
         report.print_json({"wheel": str(built.path), "version": built.version, "changed": built.changed,
-                           "patches": list(series.names), "notes": built.notes})
+                           "patches": list(series.names), "notes": notes})
         return
-    for note in built.notes:
+    for note in notes:
         out.print(f"[yellow]note[/]: {note}")
     out.print(f"patched {len(built.changed)} files with {len(series.patches)} patches")
     out.print(f"[green]OK[/]: wrote {built.path} (vllm {built.version})")

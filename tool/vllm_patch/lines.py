@@ -18,6 +18,8 @@ from .series import PATCH_DIR, SERIES_FILE, Series, load_series
 
 LINES_DIR = "lines"
 CURRENT = "current"
+# The way past a release no line covers, for the commands that take --force.
+FORCE_HINT = "pass --line NAME --force to use one anyway"
 
 
 @dataclass(frozen=True)
@@ -67,12 +69,12 @@ def describe(project: Path) -> str:
     return ", ".join(parts) or "none"
 
 
-def line_for(project: Path, version: str | None) -> Line:
+def line_for(project: Path, version: str | None, hint: str = FORCE_HINT) -> Line:
     """The line proven on vLLM `version` (its pin or a release its series declares with
     ``also``; local labels such as ``+vp.x`` aside). A line whose series cannot be read
     only matters when no other line covers `version`: then its error (naming the file) is
     raised, as the choice may have needed it. None matching is a PinMismatch naming the
-    lines there are."""
+    lines there are, the nearest covered releases, and `hint` (the way forward)."""
     unreadable: list[InputError] = []
     if version is not None:
         for line in lines_of(project):
@@ -89,7 +91,7 @@ def line_for(project: Path, version: str | None) -> Line:
     near = nearest(project, version)
     raise PinMismatch(f"no release line of this project is pinned to vLLM {version or '(unknown version)'}; "
                       + (f"{near}; " if near else "")
-                      + f"there are: {describe(project)}; pass --line NAME --force to use one anyway")
+                      + f"there are: {describe(project)}" + (f"; {hint}" if hint else ""))
 
 
 def nearest(project: Path, version: str | None) -> str:
@@ -118,12 +120,13 @@ def nearest(project: Path, version: str | None) -> str:
     return f"the nearest releases a line covers are {picks[0]} and {picks[1]}"
 
 
-def choose_line(project: Path, version: str | None, name: str | None = None,
-                force: bool = False) -> tuple[Line, str | None]:
-    """The line a command on a target of vLLM `version` uses, and a note saying why; the one
-    rule for apply, revert and status. `name` (--line) wins. Else the line proven on
-    `version`; none: a PinMismatch, unless `force`, which takes the current line. A project
-    of one line whose target's version is unknown gets that line (its pin check then says)."""
+def choose_line(project: Path, version: str | None, name: str | None = None, force: bool = False,
+                what: str = "the target", hint: str = FORCE_HINT) -> tuple[Line, str | None]:
+    """The line a command on `what` (a target, a wheel) of vLLM `version` uses, and a note saying
+    why; the one rule for apply, revert, status and build-wheel. `name` (--line) wins. Else the
+    line proven on `version`; none: a PinMismatch ending in `hint`, unless `force`, which takes
+    the current line. A project of one line whose target's version is unknown gets that line
+    (its pin check then says)."""
     if name:
         chosen = line_named(project, name)
         return chosen, f"release line {chosen.name} (chosen with --line)"
@@ -133,11 +136,11 @@ def choose_line(project: Path, version: str | None, name: str | None = None,
     if len(lines) == 1 and version is None:
         return lines[0], None
     try:
-        chosen = line_for(project, version)
+        chosen = line_for(project, version, hint)
     except PinMismatch:
         if not force:
             raise
         return line_named(project, CURRENT), f"release line {CURRENT}: no line is pinned to vLLM {version} (--force)"
     if len(lines) == 1:
         return chosen, None
-    return chosen, f"release line {chosen.name}, proven on vLLM {version} like the target"
+    return chosen, f"release line {chosen.name}, proven on vLLM {version} like {what}"
