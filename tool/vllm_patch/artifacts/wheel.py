@@ -191,7 +191,8 @@ def _build(series: Series, source: Path, src: zipfile.ZipFile, out_dir: Path, na
     at = record.index(lines)
     originals = {p: (lines[at[p]] if p in at else None) for p in new_files}
     new_dist_info = f"{name.split('-')[0]}-{version}.dist-info"
-    state = AppliedState.of(list(series.patches), originals).dump() if series.patches else None
+    written = {p: record.record_hash(d) for p, d in new_files.items() if d is not None}
+    state = AppliedState.of(list(series.patches), originals, written=written).dump() if series.patches else None
     # Written under a hidden partial name, renamed into place: no cut-off file is ever named like a wheel.
     swept = publish(out_dir, name, lambda path: _write(
         src, path, dist_info, new_dist_info, set_metadata_version(meta, version), new_files, lines, at, state,
