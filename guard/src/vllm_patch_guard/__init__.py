@@ -21,8 +21,9 @@ hold equal to the tool's: the reading of ``vllm_patch.json`` (``vllm_patch.engin
 ``schema`` and ``patches``) and the series digest (``vllm_patch.series.Series.digest``).
 
 ``VLLM_PATCH_GUARD``: unset or ``warn``, one warning line on stderr (once per process tree);
-``strict``, refuse to start (SystemExit with that one line); ``off``, do nothing. A vLLM no line
-is pinned to passes silently.
+``strict``, refuse to start (SystemExit with that one line); ``off``, do nothing. Any other value
+refuses to start, naming it: a mistyped ``strict`` must not weaken the guard. A vLLM no line is
+pinned to passes silently.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ DATA = "lines.json"
 RECORD = "vllm_patch.json"
 SCHEMAS = (0, 1)
 PREFIX = "vllm-patch-guard:"
+# The values of VLLM_PATCH_GUARD, and what each means; anything else refuses to start.
+MODES = {"": "warn", "warn": "warn", "strict": "strict", "off": "off", "0": "off", "false": "off", "no": "off"}
 
 
 def digest(version: str, commit: str, patches: list[tuple[str, bytes]]) -> str:
@@ -214,8 +217,12 @@ def _quote(path: str) -> str:
 
 def check() -> None:
     """The ``vllm.general_plugins`` entry point: warn, refuse to start (strict) or pass."""
-    mode = os.environ.get(ENV, "warn").strip().lower()
-    if mode in ("off", "0", "false", "no"):
+    raw = os.environ.get(ENV, "")
+    mode = MODES.get(raw.strip().lower())
+    if mode is None:
+        raise SystemExit(f"{PREFIX} refusing to start: {ENV}={raw!r} is not one of warn, strict, off "
+                         "(a mistyped strict must not weaken the guard)")
+    if mode == "off":
         return
     try:
         problem = diagnose()
