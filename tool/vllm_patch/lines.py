@@ -121,12 +121,12 @@ def nearest(project: Path, version: str | None) -> str:
 
 
 def choose_line(project: Path, version: str | None, name: str | None = None, force: bool = False,
-                what: str = "the target", hint: str = FORCE_HINT) -> tuple[Line, str | None]:
+                what: str = "the target", hint: str = FORCE_HINT, unknown: str = "") -> tuple[Line, str | None]:
     """The line a command on `what` (a target, a wheel) of vLLM `version` uses, and a note saying
     why; the one rule for apply, revert, status and build-wheel. `name` (--line) wins. Else the
     line proven on `version`; none: a PinMismatch ending in `hint`, unless `force`, which takes
     the current line. A project of one line whose target's version is unknown gets that line
-    (its pin check then says)."""
+    (its pin check then says); of several, the PinMismatch says why it is unknown (`unknown`)."""
     if name:
         chosen = line_named(project, name)
         return chosen, f"release line {chosen.name} (chosen with --line)"
@@ -135,6 +135,10 @@ def choose_line(project: Path, version: str | None, name: str | None = None, for
         return Line(CURRENT, project), None
     if len(lines) == 1 and version is None:
         return lines[0], None
+    if version is None and not force:
+        raise PinMismatch(f"cannot tell which vLLM {what} holds{f' ({unknown})' if unknown else ''}, so no "
+                          f"release line can be chosen for it; there are: {describe(project)}"
+                          + (f"; {hint}" if hint else ""))
     try:
         chosen = line_for(project, version, hint)
     except PinMismatch:

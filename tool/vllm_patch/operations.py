@@ -177,6 +177,7 @@ def revert(target: Target, series: Series, dry_run: bool = False, force: bool = 
 def check(base: Target, series: Series, force: bool = False) -> Outcome:
     """The series on the pristine base: every anchor unique, every patch applies, and
     every result unique once applied (so status and revert will recognise it)."""
+    base.check_holds_vllm()
     notes: list[str] = []
     found = _identify(base, series, force, notes)
     patches = list(series.patches)
@@ -212,7 +213,10 @@ def series_for(project: Path, target: Target, line: str | None = None,
     same rule for apply, revert, status and build-wheel), and the line's directory."""
     from .lines import choose_line
 
-    chosen, note = choose_line(project, target.found().version, line, force)
+    target.check_holds_vllm()
+    version = target.found().version
+    chosen, note = choose_line(project, version, line, force,
+                               unknown="" if version else f"{target.root}: {target.unknown_version()}")
     return chosen.load(), note, chosen.root
 
 

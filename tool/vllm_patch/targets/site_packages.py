@@ -101,6 +101,9 @@ class SitePackagesTarget(Target):
         from ..infrastructure.transaction import Journal
         return Journal.of(self.root, self.dist_info.name)
 
+    def check_holds_vllm(self) -> None:
+        """Its vLLM dist-info says it holds vLLM."""
+
     def found(self) -> Found:
         commit = self._version_file().commit
         return Found(self.dist.version, commit, f"{self.dist_info.name} and vllm/_version.py")
