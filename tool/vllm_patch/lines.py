@@ -76,8 +76,9 @@ def line_for(project: Path, version: str | None, hint: str = FORCE_HINT) -> Line
     raised, as the choice may have needed it. None matching is a PinMismatch naming the
     lines there are, the nearest covered releases, and `hint` (the way forward)."""
     unreadable: list[InputError] = []
+    lines = lines_of(project)
     if version is not None:
-        for line in lines_of(project):
+        for line in lines:
             try:
                 pin = line.load().pin
             except InputError as exc:
@@ -85,6 +86,8 @@ def line_for(project: Path, version: str | None, hint: str = FORCE_HINT) -> Line
                 continue
             if pin.covers(version):
                 return line
+    if unreadable and len(lines) == 1:  # a project of one series: no choice to speak of
+        raise unreadable[0]
     if unreadable:
         raise InputError(f"cannot choose a release line for vLLM {version or '(unknown version)'}: "
                          f"{unreadable[0].message}")

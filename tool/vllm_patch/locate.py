@@ -1,14 +1,18 @@
 """Where the series comes from, in one order: ``--series`` (or $VLLM_PATCH_SERIES), the working
 directory and its parents, this package's own checkout (an editable install), then the lines
 bundled inside the installed package (``vllm_patch/_lines``, made at build time by setup.py
-and read with importlib.resources). Commands say which one they used."""
+and read with importlib.resources). Commands say which one they used, and an error reading it says
+how it was chosen where the path alone does not (the environment variable, a series found in the
+working directory before the bundled lines)."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,6 +34,24 @@ class SeriesHome:
 
     root: Path
     bundled: bool = False
+    found_in: str = field(default="", compare=False)
+    """How it was chosen, for errors about it: ``$VLLM_PATCH_SERIES`` (ENV), "the working directory" or
+    "a parent of the working directory"; empty where the path says enough (--series, the checkout, the bundle)."""
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """Errors reading this series (or choosing a line of it) say how it was chosen, where the path
+        alone does not: a mistyped variable, or a stray series lying where the command runs."""
+        try:
+            yield
+        except InputError as exc:
+            if self.found_in == ENV:
+                raise InputError(f"{ENV}={self.root}: {exc.message}") from None
+            if self.found_in:
+                raise InputError(f"{exc.message} (the series in {self.root}, found in {self.found_in}, is used "
+                                 "before the lines bundled with vllm-patch; run elsewhere or pass --series DIR)") \
+                    from None
+            raise
 
     def check_writable(self) -> None:
         """Refuse the bundled copy to the commands that edit a series (rebase, refresh, new, import):
@@ -50,12 +72,14 @@ def _holds_series(d: Path) -> bool:
 
 def find_home(given: Path | None = None, start: Path | None = None) -> SeriesHome:
     """The series' home in the documented order (`given`: --series; else $VLLM_PATCH_SERIES)."""
-    if given or os.environ.get(ENV):
-        return SeriesHome(Path(given or os.environ[ENV]))
+    if given:
+        return SeriesHome(Path(given))
+    if os.environ.get(ENV):
+        return SeriesHome(Path(os.environ[ENV]), found_in=ENV)
     here = (start or Path.cwd()).resolve()
     for d in (here, *here.parents):
         if _holds_series(d):
-            return SeriesHome(d)
+            return SeriesHome(d, found_in="the working directory" if d == here else "a parent of the working directory")
     checkout = Path(__file__).resolve().parents[2]
     if _holds_series(checkout):
         return SeriesHome(checkout)

@@ -18,6 +18,7 @@ from .engine.analysis import Analysis, Contents, analyze, created_modes, touched
 from .engine.patchfile import Patch
 from .errors import PatchFailed, PinMismatch
 from .infrastructure.locking import target_lock
+from .locate import SeriesHome
 from .series import Series
 from .targets.base import Found, Goal, Target
 
@@ -207,7 +208,7 @@ def outlook(series: Series, releases: list[str] | None = None, to: str | None = 
     return build_outlook(series, UpstreamCache(), releases, to, repo, quiet, progress, root)
 
 
-def series_for(project: Path, target: Target, line: str | None = None,
+def series_for(home: SeriesHome, target: Target, line: str | None = None,
                force: bool = False) -> tuple[Series, str | None, Path]:
     """The series to use on `target`, a note saying which line it is (`lines.choose_line`: the
     same rule for apply, revert, status and build-wheel), and the line's directory."""
@@ -215,26 +216,29 @@ def series_for(project: Path, target: Target, line: str | None = None,
 
     target.check_holds_vllm()
     version = target.found().version
-    chosen, note = choose_line(project, version, line, force,
-                               unknown="" if version else f"{target.root}: {target.unknown_version()}")
-    return chosen.load(), note, chosen.root
+    with home.reading():
+        chosen, note = choose_line(home.root, version, line, force,
+                                   unknown="" if version else f"{target.root}: {target.unknown_version()}")
+        return chosen.load(), note, chosen.root
 
 
-def series_for_wheel(project: Path, source: Path | None, line: str | None = None) -> tuple[Series, str | None, Path]:
+def series_for_wheel(home: SeriesHome, source: Path | None,
+                     line: str | None = None) -> tuple[Series, str | None, Path]:
     """The series build-wheel uses: for a given wheel, the line proven on the wheel's release, as
     `series_for` chooses for a target (--line wins, and must cover it); without one, --line or the
     current line, whose pinned wheel is then built."""
     from .artifacts.wheel import wheel_release
     from .lines import CURRENT, choose_line, line_named
 
-    if source is None:
-        chosen = line_named(project, line or CURRENT)
-        return chosen.load(), None, chosen.root
-    release = wheel_release(source)
-    chosen, note = choose_line(project, release, line, what="the wheel",
-                               hint="build it with a line that covers it, or rebase a line onto it")
-    series = chosen.load()
-    if not series.pin.covers(release):
+    release = wheel_release(source) if source is not None else None
+    with home.reading():
+        if release is None:
+            chosen, note = line_named(home.root, line or CURRENT), None
+        else:
+            chosen, note = choose_line(home.root, release, line, what="the wheel",
+                                       hint="build it with a line that covers it, or rebase a line onto it")
+        series = chosen.load()
+    if release is not None and not series.pin.covers(release):
         raise PinMismatch(f"{source.name} is vLLM {release}, but release line {chosen.name} is proven on vLLM "
                           f"{', '.join(series.pin.releases)}; leave out --line to have the line proven on it chosen")
     return series, note, chosen.root
