@@ -7,6 +7,7 @@ working directory before the bundled lines)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -97,27 +98,40 @@ def bundled_root() -> Path | None:
         return None
     if isinstance(data, Path):
         return data
-    return _extracted(data)  # a zipped install: copy out once, per version
+    return _extracted(data)  # a zipped install: copy out once, per bundle
+
+
+def _files(node: Traversable, prefix: str = "") -> Iterator[tuple[str, Traversable]]:
+    """Every file under `node`, with its path relative to it, in name order."""
+    for child in sorted(node.iterdir(), key=lambda c: c.name):
+        if child.is_dir():
+            yield from _files(child, f"{prefix}{child.name}/")
+        else:
+            yield f"{prefix}{child.name}", child
+
+
+def bundle_digest(files: list[tuple[str, bytes]]) -> str:
+    """What a bundle holds (every file's path and bytes), hashed: two builds of one version that carry
+    other series differ here, so neither reuses the other's extracted copy."""
+    h = hashlib.sha256()
+    for rel, content in files:
+        h.update(f"{rel}\0{len(content)}\0".encode() + content)
+    return h.hexdigest()[:16]
 
 
 def _extracted(data: Traversable) -> Path:
+    """The zipped bundle as a directory of the cache, one per bundle (version and digest)."""
     from .infrastructure.downloads import cache_root
 
-    dest = cache_root() / "bundled" / __version__
+    files = [(rel, node.read_bytes()) for rel, node in _files(data)]
+    dest = cache_root() / "bundled" / f"{__version__}-{bundle_digest(files)}"
     if (dest / SERIES_FILE).is_file():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".bundled-", dir=dest.parent))
-
-    def copy(node: Traversable, to: Path) -> None:
-        for child in node.iterdir():
-            if child.is_dir():
-                (to / child.name).mkdir()
-                copy(child, to / child.name)
-            else:
-                (to / child.name).write_bytes(child.read_bytes())
-
-    copy(data, tmp)
+    for rel, content in files:
+        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / rel).write_bytes(content)
     try:
         os.replace(tmp, dest)
     except OSError:  # another run got there first
