@@ -501,5 +501,6 @@ def import_cmd(ctx, source, repo, name, subject, author, origin, bug, forwarded,
 
 
 def run() -> None:
-    """Console-script entry point: the group prints every error as one line and exits with its code."""
+    """The group with its program name: it prints every error as one line and exits with its code. The
+    console script and ``python -m`` enter through `vllm_patch.entry.run`, which calls `main` itself."""
     main(prog_name="vllm-patch")
