@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import py_compile
 import statistics
 import subprocess
 import sys
@@ -76,6 +77,8 @@ def guard_copy(dest: Path, rev: str | None = None) -> Path:
         capture_output=True).stdout
     (package / "__init__.py").write_bytes(text)
     (package / "lines.json").write_bytes(guard_setup().lines_data(PROJECT))
+    # Bytecode, as pip's install compiles it (even where $PYTHONDONTWRITEBYTECODE keeps imports from doing so).
+    py_compile.compile(str(package / "__init__.py"), doraise=True)
     return dest
 
 
