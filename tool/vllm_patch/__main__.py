@@ -1,5 +1,5 @@
 """``python -m vllm_patch``: the same entry point as the console script."""
 
-from .cli import run
+from .entry import run
 
 run()

@@ -40,8 +40,10 @@ def _root(ctx: click.Context) -> Path:
 
 def _line_root(ctx: click.Context) -> Path:
     """The directory of --line NAME's series, else the top-level one (the current release's)."""
+    home = _home(ctx)
     name = ctx.obj.get("line")
-    return line_named(_root(ctx), name).root if name else _root(ctx)
+    with home.reading():
+        return line_named(home.root, name).root if name else home.root
 
 
 def _editable_root(ctx: click.Context) -> Path:
@@ -52,14 +54,15 @@ def _editable_root(ctx: click.Context) -> Path:
 
 def _series(ctx: click.Context) -> Series:
     """The series of --line NAME, else the top-level one (the current release's)."""
-    return load_series(_line_root(ctx))
+    with _home(ctx).reading():
+        return load_series(_line_root(ctx))
 
 
 def _series_for(ctx: click.Context, target: Target, force: bool) -> tuple[Series, str | None, str]:
     """The series for `target` (--line NAME, else the line proven on the target's vLLM), the note
     naming its line, and where it came from."""
     home = _home(ctx)
-    series, note, root = operations.series_for(home.root, target, ctx.obj.get("line"), force)
+    series, note, root = operations.series_for(home, target, ctx.obj.get("line"), force)
     return series, note, home.describe(root, series)
 
 
@@ -200,7 +203,8 @@ def usage_message(exc: click.ClickException) -> str:
 
 @click.group(cls=SeriesGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--series", "series_dir", type=click.Path(file_okay=False, path_type=Path),
-              envvar="VLLM_PATCH_SERIES", help="Directory holding 'series' and 'patches/'.")
+              help="Directory holding 'series' and 'patches/' (default: $VLLM_PATCH_SERIES, else found from "
+              "the working directory up, else the lines bundled with vllm-patch).")
 @click.option("--line", metavar="NAME", envvar="VLLM_PATCH_LINE",
               help="The release line: 'current' (the top-level series) or a folder of lines/ (e.g. v0.20). "
               "Default: for a target, the line pinned to its vLLM; otherwise 'current'.")
@@ -224,7 +228,7 @@ def main(ctx: click.Context, series_dir: Path | None, line: str | None) -> None:
 def series_cmd(ctx: click.Context, as_json: bool) -> None:
     """Show where the series comes from, the pin and the patches with their headers."""
     root = _line_root(ctx)
-    series = load_series(root)
+    series = _series(ctx)
     source = _home(ctx).describe(root, series)
     if as_json:
         report.print_json(report.series_dict(series) | {"from": source})
@@ -305,14 +309,16 @@ def status(ctx, target_spec, python, kind, wait, as_json, full, expect) -> None:
 @click.pass_context
 @handle_errors
 def build_wheel_cmd(ctx: click.Context, source: Path | None, out_dir: Path, wait: float, as_json: bool) -> None:
-    """Build a patched vLLM wheel (version <pin>+vp.<series digest>) from the line's pinned upstream wheel."""
-    series = _series(ctx)
+    """Build a patched vLLM wheel (version <release>+vp.<series digest>) from the line's pinned upstream wheel,
+    or from the wheel given with --from (with the line proven on its release)."""
+    series, line_note, _ = operations.series_for_wheel(_home(ctx), source, ctx.obj.get("line"))
     built = operations.build_wheel(series, source, out_dir, quiet=as_json, wait=wait, on_wait=_waiting)
+    notes = ([line_note] if line_note else []) + built.notes
     if as_json:
         report.print_json({"wheel": str(built.path), "version": built.version, "changed": built.changed,
-                           "patches": list(series.names), "notes": built.notes})
+                           "patches": list(series.names), "notes": notes})
         return
-    for note in built.notes:
+    for note in notes:
         out.print(f"[yellow]note[/]: {note}")
     out.print(f"patched {len(built.changed)} files with {len(series.patches)} patches")
     out.print(f"[green]OK[/]: wrote {built.path} (vllm {built.version})")
@@ -495,5 +501,6 @@ def import_cmd(ctx, source, repo, name, subject, author, origin, bug, forwarded,
 
 
 def run() -> None:
-    """Console-script entry point: the group prints every error as one line and exits with its code."""
+    """The group with its program name: it prints every error as one line and exits with its code. The
+    console script and ``python -m`` enter through `vllm_patch.entry.run`, which calls `main` itself."""
     main(prog_name="vllm-patch")

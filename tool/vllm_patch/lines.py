@@ -18,6 +18,8 @@ from .series import PATCH_DIR, SERIES_FILE, Series, load_series
 
 LINES_DIR = "lines"
 CURRENT = "current"
+# The way past a release no line covers, for the commands that take --force.
+FORCE_HINT = "pass --line NAME --force to use one anyway"
 
 
 @dataclass(frozen=True)
@@ -67,15 +69,16 @@ def describe(project: Path) -> str:
     return ", ".join(parts) or "none"
 
 
-def line_for(project: Path, version: str | None) -> Line:
+def line_for(project: Path, version: str | None, hint: str = FORCE_HINT) -> Line:
     """The line proven on vLLM `version` (its pin or a release its series declares with
     ``also``; local labels such as ``+vp.x`` aside). A line whose series cannot be read
     only matters when no other line covers `version`: then its error (naming the file) is
     raised, as the choice may have needed it. None matching is a PinMismatch naming the
-    lines there are."""
+    lines there are, the nearest covered releases, and `hint` (the way forward)."""
     unreadable: list[InputError] = []
+    lines = lines_of(project)
     if version is not None:
-        for line in lines_of(project):
+        for line in lines:
             try:
                 pin = line.load().pin
             except InputError as exc:
@@ -83,13 +86,15 @@ def line_for(project: Path, version: str | None) -> Line:
                 continue
             if pin.covers(version):
                 return line
+    if unreadable and len(lines) == 1:  # a project of one series: no choice to speak of
+        raise unreadable[0]
     if unreadable:
         raise InputError(f"cannot choose a release line for vLLM {version or '(unknown version)'}: "
                          f"{unreadable[0].message}")
     near = nearest(project, version)
     raise PinMismatch(f"no release line of this project is pinned to vLLM {version or '(unknown version)'}; "
                       + (f"{near}; " if near else "")
-                      + f"there are: {describe(project)}; pass --line NAME --force to use one anyway")
+                      + f"there are: {describe(project)}" + (f"; {hint}" if hint else ""))
 
 
 def nearest(project: Path, version: str | None) -> str:
@@ -118,12 +123,13 @@ def nearest(project: Path, version: str | None) -> str:
     return f"the nearest releases a line covers are {picks[0]} and {picks[1]}"
 
 
-def choose_line(project: Path, version: str | None, name: str | None = None,
-                force: bool = False) -> tuple[Line, str | None]:
-    """The line a command on a target of vLLM `version` uses, and a note saying why; the one
-    rule for apply, revert and status. `name` (--line) wins. Else the line proven on
-    `version`; none: a PinMismatch, unless `force`, which takes the current line. A project
-    of one line whose target's version is unknown gets that line (its pin check then says)."""
+def choose_line(project: Path, version: str | None, name: str | None = None, force: bool = False,
+                what: str = "the target", hint: str = FORCE_HINT, unknown: str = "") -> tuple[Line, str | None]:
+    """The line a command on `what` (a target, a wheel) of vLLM `version` uses, and a note saying
+    why; the one rule for apply, revert, status and build-wheel. `name` (--line) wins. Else the
+    line proven on `version`; none: a PinMismatch ending in `hint`, unless `force`, which takes
+    the current line. A project of one line whose target's version is unknown gets that line
+    (its pin check then says); of several, the PinMismatch says why it is unknown (`unknown`)."""
     if name:
         chosen = line_named(project, name)
         return chosen, f"release line {chosen.name} (chosen with --line)"
@@ -132,12 +138,16 @@ def choose_line(project: Path, version: str | None, name: str | None = None,
         return Line(CURRENT, project), None
     if len(lines) == 1 and version is None:
         return lines[0], None
+    if version is None and not force:
+        raise PinMismatch(f"cannot tell which vLLM {what} holds{f' ({unknown})' if unknown else ''}, so no "
+                          f"release line can be chosen for it; there are: {describe(project)}"
+                          + (f"; {hint}" if hint else ""))
     try:
-        chosen = line_for(project, version)
+        chosen = line_for(project, version, hint)
     except PinMismatch:
         if not force:
             raise
         return line_named(project, CURRENT), f"release line {CURRENT}: no line is pinned to vLLM {version} (--force)"
     if len(lines) == 1:
         return chosen, None
-    return chosen, f"release line {chosen.name}, proven on vLLM {version} like the target"
+    return chosen, f"release line {chosen.name}, proven on vLLM {version} like {what}"

@@ -1,14 +1,19 @@
 """Where the series comes from, in one order: ``--series`` (or $VLLM_PATCH_SERIES), the working
 directory and its parents, this package's own checkout (an editable install), then the lines
 bundled inside the installed package (``vllm_patch/_lines``, made at build time by setup.py
-and read with importlib.resources). Commands say which one they used."""
+and read with importlib.resources). Commands say which one they used, and an error reading it says
+how it was chosen where the path alone does not (the environment variable, a series found in the
+working directory before the bundled lines)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,6 +35,24 @@ class SeriesHome:
 
     root: Path
     bundled: bool = False
+    found_in: str = field(default="", compare=False)
+    """How it was chosen, for errors about it: ``$VLLM_PATCH_SERIES`` (ENV), "the working directory" or
+    "a parent of the working directory"; empty where the path says enough (--series, the checkout, the bundle)."""
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """Errors reading this series (or choosing a line of it) say how it was chosen, where the path
+        alone does not: a mistyped variable, or a stray series lying where the command runs."""
+        try:
+            yield
+        except InputError as exc:
+            if self.found_in == ENV:
+                raise InputError(f"{ENV}={self.root}: {exc.message}") from None
+            if self.found_in:
+                raise InputError(f"{exc.message} (the series in {self.root}, found in {self.found_in}, is used "
+                                 "before the lines bundled with vllm-patch; run elsewhere or pass --series DIR)") \
+                    from None
+            raise
 
     def check_writable(self) -> None:
         """Refuse the bundled copy to the commands that edit a series (rebase, refresh, new, import):
@@ -50,12 +73,14 @@ def _holds_series(d: Path) -> bool:
 
 def find_home(given: Path | None = None, start: Path | None = None) -> SeriesHome:
     """The series' home in the documented order (`given`: --series; else $VLLM_PATCH_SERIES)."""
-    if given or os.environ.get(ENV):
-        return SeriesHome(Path(given or os.environ[ENV]))
+    if given:
+        return SeriesHome(Path(given))
+    if os.environ.get(ENV):
+        return SeriesHome(Path(os.environ[ENV]), found_in=ENV)
     here = (start or Path.cwd()).resolve()
     for d in (here, *here.parents):
         if _holds_series(d):
-            return SeriesHome(d)
+            return SeriesHome(d, found_in="the working directory" if d == here else "a parent of the working directory")
     checkout = Path(__file__).resolve().parents[2]
     if _holds_series(checkout):
         return SeriesHome(checkout)
@@ -73,27 +98,40 @@ def bundled_root() -> Path | None:
         return None
     if isinstance(data, Path):
         return data
-    return _extracted(data)  # a zipped install: copy out once, per version
+    return _extracted(data)  # a zipped install: copy out once, per bundle
+
+
+def _files(node: Traversable, prefix: str = "") -> Iterator[tuple[str, Traversable]]:
+    """Every file under `node`, with its path relative to it, in name order."""
+    for child in sorted(node.iterdir(), key=lambda c: c.name):
+        if child.is_dir():
+            yield from _files(child, f"{prefix}{child.name}/")
+        else:
+            yield f"{prefix}{child.name}", child
+
+
+def bundle_digest(files: list[tuple[str, bytes]]) -> str:
+    """What a bundle holds (every file's path and bytes), hashed: two builds of one version that carry
+    other series differ here, so neither reuses the other's extracted copy."""
+    h = hashlib.sha256()
+    for rel, content in files:
+        h.update(f"{rel}\0{len(content)}\0".encode() + content)
+    return h.hexdigest()[:16]
 
 
 def _extracted(data: Traversable) -> Path:
+    """The zipped bundle as a directory of the cache, one per bundle (version and digest)."""
     from .infrastructure.downloads import cache_root
 
-    dest = cache_root() / "bundled" / __version__
+    files = [(rel, node.read_bytes()) for rel, node in _files(data)]
+    dest = cache_root() / "bundled" / f"{__version__}-{bundle_digest(files)}"
     if (dest / SERIES_FILE).is_file():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".bundled-", dir=dest.parent))
-
-    def copy(node: Traversable, to: Path) -> None:
-        for child in node.iterdir():
-            if child.is_dir():
-                (to / child.name).mkdir()
-                copy(child, to / child.name)
-            else:
-                (to / child.name).write_bytes(child.read_bytes())
-
-    copy(data, tmp)
+    for rel, content in files:
+        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / rel).write_bytes(content)
     try:
         os.replace(tmp, dest)
     except OSError:  # another run got there first

@@ -18,6 +18,7 @@ from .engine.analysis import Analysis, Contents, analyze, created_modes, touched
 from .engine.patchfile import Patch
 from .errors import PatchFailed, PinMismatch
 from .infrastructure.locking import target_lock
+from .locate import SeriesHome
 from .series import Series
 from .targets.base import Found, Goal, Target
 
@@ -177,6 +178,7 @@ def revert(target: Target, series: Series, dry_run: bool = False, force: bool = 
 def check(base: Target, series: Series, force: bool = False) -> Outcome:
     """The series on the pristine base: every anchor unique, every patch applies, and
     every result unique once applied (so status and revert will recognise it)."""
+    base.check_holds_vllm()
     notes: list[str] = []
     found = _identify(base, series, force, notes)
     patches = list(series.patches)
@@ -206,20 +208,47 @@ def outlook(series: Series, releases: list[str] | None = None, to: str | None = 
     return build_outlook(series, UpstreamCache(), releases, to, repo, quiet, progress, root)
 
 
-def series_for(project: Path, target: Target, line: str | None = None,
+def series_for(home: SeriesHome, target: Target, line: str | None = None,
                force: bool = False) -> tuple[Series, str | None, Path]:
     """The series to use on `target`, a note saying which line it is (`lines.choose_line`: the
-    same rule for apply, revert and status), and the line's directory."""
+    same rule for apply, revert, status and build-wheel), and the line's directory."""
     from .lines import choose_line
 
-    chosen, note = choose_line(project, target.found().version, line, force)
-    return chosen.load(), note, chosen.root
+    target.check_holds_vllm()
+    version = target.found().version
+    with home.reading():
+        chosen, note = choose_line(home.root, version, line, force,
+                                   unknown="" if version else f"{target.root}: {target.unknown_version()}")
+        return chosen.load(), note, chosen.root
+
+
+def series_for_wheel(home: SeriesHome, source: Path | None,
+                     line: str | None = None) -> tuple[Series, str | None, Path]:
+    """The series build-wheel uses: for a given wheel, the line proven on the wheel's release, as
+    `series_for` chooses for a target (--line wins, and must cover it); without one, --line or the
+    current line, whose pinned wheel is then built."""
+    from .artifacts.wheel import wheel_release
+    from .lines import CURRENT, choose_line, line_named
+
+    release = wheel_release(source) if source is not None else None
+    with home.reading():
+        if release is None:
+            chosen, note = line_named(home.root, line or CURRENT), None
+        else:
+            chosen, note = choose_line(home.root, release, line, what="the wheel",
+                                       hint="build it with a line that covers it, or rebase a line onto it")
+        series = chosen.load()
+    if release is not None and not series.pin.covers(release):
+        raise PinMismatch(f"{source.name} is vLLM {release}, but release line {chosen.name} is proven on vLLM "
+                          f"{', '.join(series.pin.releases)}; leave out --line to have the line proven on it chosen")
+    return series, note, chosen.root
 
 
 def build_wheel(series: Series, source: Path | None, out_dir: Path, quiet: bool = False, wait: float = 30.0,
                 on_wait: Callable[[], None] | None = None):
     """The patched wheel from `source` (default: the pinned wheel, downloaded and sha256-checked),
-    written into `out_dir` under its lock (waiting up to `wait` seconds for another run)."""
+    written into `out_dir` under its lock (waiting up to `wait` seconds for another run).
+    `series_for_wheel` chooses the series."""
     from .artifacts.wheel import build_wheel as build
     from .infrastructure.downloads import fetch
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from installer.records import RecordEntry
 from installer.sources import WheelFile as SourceWheel
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 from ..engine import record
 from ..engine.analysis import Analysis, analyze, created_modes, touched
@@ -67,16 +67,24 @@ def output_name(source_name: str, version: str) -> str:
     return f"{name.replace('-', '_')}-{version}-{tags}.whl"
 
 
-def verify_source(series: Series, source: Path, verified: bool = False) -> list[str]:
-    """Refuse a wheel that is not the pinned one; notes for an unpinned platform."""
-    pin = series.pin
+def wheel_release(source: Path) -> str:
+    """The vLLM release a wheel file carries, as its file name says (checked against its METADATA
+    when it is built)."""
     try:
         _, version, _, _ = parse_wheel_filename(source.name)
     except InvalidWheelFilename as exc:
         raise InputError(f"{source.name}: not a wheel file name ({exc})") from None
-    if not pin.matches_version(str(version)):
-        raise PinMismatch(f"{source.name} is vLLM {version}, the series is pinned to {pin.version}; "
-                          "rebase the series onto it first")
+    return str(version)
+
+
+def verify_source(series: Series, source: Path, verified: bool = False) -> list[str]:
+    """Refuse a wheel of a release the series is not proven on (its pin or a declared ``also``);
+    notes for a wheel that is not the pinned file."""
+    pin = series.pin
+    version = wheel_release(source)
+    if not pin.covers(version):
+        raise PinMismatch(f"{source.name} is vLLM {version}, the series is proven on vLLM "
+                          f"{', '.join(pin.releases)}; rebase the series onto it first")
     if source.name == pin.wheel.filename:
         if verified:
             return []
@@ -86,6 +94,13 @@ def verify_source(series: Series, source: Path, verified: bool = False) -> list[
         return []
     return [f"{source.name} is not the pinned wheel ({pin.wheel.filename}); its contents are checked "
             "against its own RECORD only"]
+
+
+def _same_public(a: str, b: str) -> bool:
+    try:
+        return Version(a).public == Version(b).public
+    except InvalidVersion:
+        return False
 
 
 RE_DRIVE = re.compile(r"^[A-Za-z]:")
@@ -130,7 +145,8 @@ def build_wheel(series: Series, source: Path, out_dir: Path, verified: bool = Fa
     to wait for another run writing into `out_dir`."""
     notes = verify_source(series, source, verified)
     pinned = source.name == series.pin.wheel.filename  # its sha256 is checked: no need to hash every member
-    version = local_version(series.pin.version, series.digest)
+    # The wheel's own release (the pin or one the line declares), labelled with the series.
+    version = local_version(wheel_release(source), series.digest)
     name = output_name(source.name, version)
     try:
         src = zipfile.ZipFile(source)
@@ -163,9 +179,10 @@ def _build(series: Series, source: Path, src: zipfile.ZipFile, out_dir: Path, na
     contents = {p: src.read(p) if p in names else None for p in paths}
     found = next((line.split(":", 1)[1].strip() for line in meta.split("\n") if line.startswith("Version:")), "")
     name_field = next((line.split(":", 1)[1].strip() for line in meta.split("\n") if line.startswith("Name:")), "")
-    if canonicalize_name(name_field) != "vllm" or not series.pin.matches_version(found):
-        raise PinMismatch(f"{source.name}: its METADATA says {name_field} {found}, the series is pinned "
-                          f"to vllm {series.pin.version}")
+    release = wheel_release(source)
+    if canonicalize_name(name_field) != "vllm" or not _same_public(found, release) or not series.pin.covers(found):
+        raise PinMismatch(f"{source.name}: its METADATA says {name_field} {found}, the file name "
+                          f"{release}; the series is proven on vllm {', '.join(series.pin.releases)}")
     analysis = analyze(list(series.patches), contents)
     if not analysis.consistent or analysis.applied:
         bad = [f"{r.name} is {r.state.value}" for r in analysis.reports if r.state.value != "applies"]
@@ -174,7 +191,8 @@ def _build(series: Series, source: Path, src: zipfile.ZipFile, out_dir: Path, na
     at = record.index(lines)
     originals = {p: (lines[at[p]] if p in at else None) for p in new_files}
     new_dist_info = f"{name.split('-')[0]}-{version}.dist-info"
-    state = AppliedState.of(list(series.patches), originals).dump() if series.patches else None
+    written = {p: record.record_hash(d) for p, d in new_files.items() if d is not None}
+    state = AppliedState.of(list(series.patches), originals, written=written).dump() if series.patches else None
     # Written under a hidden partial name, renamed into place: no cut-off file is ever named like a wheel.
     swept = publish(out_dir, name, lambda path: _write(
         src, path, dist_info, new_dist_info, set_metadata_version(meta, version), new_files, lines, at, state,

@@ -227,6 +227,52 @@ def _validate_raw_hunks(name: str, diff_text: str) -> None:
             raise InputError(f"{name}: mode changes are not supported (diff line {no})")
 
 
+def _file_line(name: str, line: str, no: int, prefix: str) -> str | None:
+    """The path a section's ``---``/``+++`` line names without its ``a/``/``b/`` `prefix` (None for
+    /dev/null); anything else is refused, as git apply refuses it."""
+    value = line[4:]
+    if value == "/dev/null":
+        return None
+    if not value.startswith(prefix):
+        raise InputError(f"{name}: {line!r} (diff line {no}) names no {prefix}PATH or /dev/null")
+    return value[len(prefix):]
+
+
+def _check_git_sections(name: str, diff_text: str) -> None:
+    """Each ``diff --git`` section with hunks has its ``--- a/PATH`` (or /dev/null) and ``+++ b/PATH``
+    (or /dev/null) lines before its first hunk, naming the files of its ``diff --git`` line. git apply
+    refuses a section without them and GNU patch takes the paths from them: a section where they lack
+    or contradict could patch another file than the one reviewed. A CRLF patch (one converted to
+    Windows line ends: its ``diff --git`` lines end in CR) is refused as such."""
+    lines = split_lines(diff_text)
+    starts = [i for i, line in enumerate(lines) if line.startswith("diff --git ")]
+    for k, start in enumerate(starts):
+        head = lines[start]
+        if head.endswith("\r\n"):
+            raise InputError(f"{name}: CRLF line ends (diff line {start + 1}): the patch was saved with Windows line "
+                             "ends; convert it back to LF (dos2unix, or check it out with core.autocrlf false)")
+        end = starts[k + 1] if k + 1 < len(starts) else len(lines)
+        hunk = next((i for i in range(start + 1, end) if lines[i].startswith("@@")), None)
+        if hunk is None:
+            continue  # no content (an empty new file, a mode change): git writes no ---/+++ lines
+        header = [(i, lines[i].rstrip("\n")) for i in range(start + 1, hunk)]
+        minus = [(i, text) for i, text in header if text.startswith("--- ")]
+        plus = [(i, text) for i, text in header if text.startswith("+++ ")]
+        git_line = head.rstrip("\n")
+        if len(minus) != 1 or len(plus) != 1 or minus[0][0] > plus[0][0]:
+            missing = "'+++ b/" if minus and not plus else "'--- a/"
+            path = git_line.rsplit(" b/", 1)[-1]
+            raise InputError(f"{name}: {path}: {missing}{path}' line missing (or not one '---' then one '+++') before "
+                             f"its first hunk (diff line {hunk + 1}); git apply refuses such a section")
+        source = _file_line(name, minus[0][1], minus[0][0] + 1, "a/")
+        target = _file_line(name, plus[0][1], plus[0][0] + 1, "b/")
+        expected = f"diff --git a/{source or target} b/{target or source}"
+        if git_line != expected:
+            wrong = minus[0] if source is not None and f"a/{source} " not in git_line + " " else plus[0]
+            raise InputError(f"{name}: {wrong[1]!r} (diff line {wrong[0] + 1}) contradicts {git_line!r}; "
+                             "regenerate the patch with git format-patch")
+
+
 def _hunk_images(name: str, path: str, hunk, index: int) -> Hunk:
     pre: list[str] = []
     post: list[str] = []
@@ -278,6 +324,7 @@ def parse_diff(name: str, diff_text: str, plain: bool = False) -> tuple[FileDiff
     """Parse the diff part of a patch with unidiff, strictly. `plain`: a file's diff may lack
     git's headers (then paths lose their first component, p1, and new or deleted files are
     those on ``/dev/null`` or dated at the epoch by ``diff -N``)."""
+    _check_git_sections(name, diff_text)
     _validate_raw_hunks(name, diff_text)
     try:
         patchset = PatchSet(split_lines(diff_text))

@@ -3,8 +3,9 @@
 Two writers produce it, the site-packages target (``apply``) and the wheel builder, and
 one reader (``status``, ``revert``, a later ``apply``) must understand both, so its
 format lives here alone. It holds each applied patch's text (a revert works even after
-the series has changed) and the original RECORD lines of the files they change, under a
-schema number: a file from a newer vllm-patch is refused instead of misread.
+the series has changed), the original RECORD lines of the files they change and the hash of
+each as the tool left it (what the guard checks at vLLM's start), under a schema number: a
+file from a newer vllm-patch is refused instead of misread.
 """
 
 from __future__ import annotations
@@ -33,12 +34,16 @@ class AppliedState:
     """Each changed file's RECORD line before the series (None: the series created the file)."""
     record_index: dict[str, int] = field(default_factory=dict)
     """Where those lines stood in RECORD, so a deleted file's line goes back in place."""
+    written: dict[str, str] | None = field(default=None, compare=False)
+    """Each changed file's hash (``sha256=...``, as RECORD writes it) as the tool left it; a file the
+    series deleted has none. The guard checks the files against it without reading RECORD. None in a
+    record an older vllm-patch wrote; not compared, so such a record is not rewritten for it alone."""
 
     @classmethod
     def of(cls, patches: Sequence[Patch], record: Mapping[str, str | None],
-           record_index: Mapping[str, int] | None = None) -> AppliedState:
+           record_index: Mapping[str, int] | None = None, written: Mapping[str, str] | None = None) -> AppliedState:
         return cls(tuple((p.name, p.sha256, p.raw.decode("utf-8")) for p in patches), dict(record),
-                   dict(record_index or {}))
+                   dict(record_index or {}), None if written is None else dict(written))
 
     def dump(self) -> bytes:
         """The file's bytes (stable: sorted keys, one trailing newline)."""
@@ -48,6 +53,7 @@ class AppliedState:
             "patches": [{"name": n, "sha256": h, "text": t} for n, h, t in self.patches],
             "record": self.record,
             "record_index": self.record_index,
+            **({} if self.written is None else {"written": self.written}),
         }, indent=1, sort_keys=True) + "\n").encode("utf-8")
 
     def parsed_patches(self, where: str) -> list[Patch]:
@@ -74,7 +80,8 @@ def load(data: bytes, where: str) -> AppliedState:
         patches = tuple((str(p["name"]), str(p["sha256"]), str(p["text"])) for p in raw["patches"])
         record = {str(k): (None if v is None else str(v)) for k, v in dict(raw.get("record", {})).items()}
         index = {str(k): int(v) for k, v in dict(raw.get("record_index", {})).items()}
+        written = None if raw.get("written") is None else {str(k): str(v) for k, v in dict(raw["written"]).items()}
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise TargetError(f"{where} is malformed ({type(exc).__name__}: {exc}); reinstall vLLM to start over") \
             from None
-    return AppliedState(patches, record, index)
+    return AppliedState(patches, record, index, written)

@@ -27,6 +27,11 @@ that is not a ``.py`` file of the project's own ``tests/`` (absolute, ``..``, a 
 leading out, a file that does not exist) is refused before anything runs, since ``outlook``
 promises to change nothing and a test is code that runs. A test that cannot run (pytest
 missing, its node not found, nothing collected) is an error, never a "still needed".
+
+The tests are the project's: an installed tool (the lines bundled as package data, no ``tests/``)
+has none, so ``outlook`` there runs the text checks and reports the test checks as not run (their
+parts carried as still needed); a checkout whose interpreter lacks what the tests import (pytest,
+torch, Triton: ``make dev``) is refused before anything runs, naming that command.
 """
 
 from __future__ import annotations
@@ -55,6 +60,8 @@ WHOLE = "whole"
 BASE_ENV = "VLLM_PATCH_BASE_UNDER_TEST"
 TESTS_DIR = "tests"
 TEST_TIMEOUT = 600
+# What the project's tests import, as its `make dev` environment has them.
+TEST_MODULES = ("pytest", "torch", "triton")
 
 
 @dataclass(frozen=True)
@@ -160,15 +167,39 @@ def validate(patches: list[Patch], project: Path | None) -> None:
                 test_file(project, cond.text, f"{patch.name}: invalid '{cond.describe()}'")
 
 
+def dev_command(project: Path) -> str:
+    """The command that gives `project`'s checkout what its tests need, and the tool to run then."""
+    return f"make -C {project} dev, then run {project}/.venv/bin/vllm-patch"
+
+
+def require_test_environment(project: Path, patches: list[Patch]) -> None:
+    """Refuse, before anything runs, test checks this interpreter cannot run: a test that cannot import
+    torch would be an error (or a skip, which is no verdict) only after the downloads."""
+    import importlib.util
+
+    if not any(c.op == "test" for p in patches for c in conditions(p)):
+        return
+    missing = [m for m in TEST_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        raise CheckNotRun(f"the series' Obsolete-If test checks need {', '.join(missing)}, which {sys.executable} "
+                          f"lacks: {dev_command(project)}")
+
+
 TestRunner = Callable[[str], "tuple[bool, str]"]
 
 
 class Judge:
     """Answers the patches' obsolete checks on one unpatched base."""
 
-    def __init__(self, read: Callable[[list[str]], Contents], run_test: TestRunner | None = None) -> None:
+    def __init__(self, read: Callable[[list[str]], Contents], run_test: TestRunner | None = None,
+                 skip_tests: bool = False) -> None:
+        """`skip_tests`: no test can run here (no project tests): a part whose text checks hold but that
+        has a test check is then taken as still needed, its test checks listed in `not_run`, instead of
+        an error."""
         self.read = read
         self.run_test = run_test
+        self.skip_tests = skip_tests
+        self.not_run: dict[str, list[str]] = {}  # patch name: the test checks that did not run
         self._tests: dict[str, tuple[bool, str]] = {}
 
     def holds(self, cond: Condition) -> tuple[bool, str]:
@@ -203,13 +234,24 @@ class Judge:
         except CheckNotRun as exc:
             raise CheckNotRun(f"{patch.name}: {exc.message}") from None
 
+    def _part_holds(self, patch: Patch, conds: list[Condition]) -> bool:
+        if not self.skip_tests:
+            return all(self._holds(patch, c) for c in conds)
+        tests = [c for c in conds if c.op == "test"]
+        if not all(self._holds(patch, c) for c in conds if c.op != "test"):
+            return False  # whatever its tests would say
+        if tests:
+            listed = self.not_run.setdefault(patch.name, [])
+            listed += [c.describe() for c in tests if c.describe() not in listed]
+        return not tests
+
     def judge(self, patch: Patch) -> Obsolescence | None:
         """Which parts of `patch` this base makes unnecessary; None when no part does.
         Within a part the checks stop at the first that fails; every part is judged."""
         parts: dict[str, list[Condition]] = {}
         for cond in conditions(patch):
             parts.setdefault(cond.part, []).append(cond)
-        held = [name for name, conds in parts.items() if all(self._holds(patch, c) for c in conds)]
+        held = [name for name, conds in parts.items() if self._part_holds(patch, conds)]
         if not held:
             return None
         reason = "; ".join(c.describe() for name in held for c in parts[name])
@@ -265,7 +307,7 @@ class ProjectTests:
                 raise CheckNotRun(f"test {what} cannot run: {exc.strerror or exc}") from None
             except subprocess.TimeoutExpired:
                 raise CheckNotRun(f"test {what} cannot run: it took more than {TEST_TIMEOUT} s") from None
-            _ran(what, done)
+            _ran(what, done, self.project)
             try:
                 cases = list(ET.parse(report).getroot().iter("testcase"))
             except (OSError, ET.ParseError) as exc:
@@ -300,15 +342,16 @@ def project_test_runner(project: Path, tree: Callable[[], Path],
     return ProjectTests(project, tree, verdicts)
 
 
-def _ran(node: str, done: subprocess.CompletedProcess) -> None:
+def _ran(node: str, done: subprocess.CompletedProcess, project: Path) -> None:
     """Refuse a pytest run that gave no verdict: exit 0 (passed) and 1 (failed) are verdicts;
     pytest missing, a node not found (4), an interrupted collection (2) or no test (5) are not."""
     text = f"{done.stdout}\n{done.stderr}"
     if done.returncode and "No module named pytest" in text:  # python -m says so with exit 1
-        raise CheckNotRun(f"test {node} cannot run: pytest is not installed for {sys.executable} "
-                          "(pip install pytest, or vllm-patch's 'test' extra)")
+        raise CheckNotRun(f"test {node} cannot run: pytest is not installed for {sys.executable}: "
+                          f"{dev_command(project)}")
     if done.returncode in (0, 1):
         return
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     said = next((line for line in lines if line.startswith(("ERROR", "E "))), lines[-1] if lines else "no output")
-    raise CheckNotRun(f"test {node} cannot run: pytest exited {done.returncode}: {' '.join(said.split())[:300]}")
+    hint = f"; {dev_command(project)}" if "No module named" in text else ""
+    raise CheckNotRun(f"test {node} cannot run: pytest exited {done.returncode}: {' '.join(said.split())[:300]}{hint}")

@@ -37,7 +37,7 @@ from ..errors import DownloadError, InputError, PatchFailed
 from ..infrastructure.downloads import index_files, index_url
 from ..series import Series
 from .merge3 import conflict_regions
-from .obsolete import Judge, project_test_runner, validate
+from .obsolete import TESTS_DIR, Judge, project_test_runner, require_test_environment, validate
 from .rebase import Port, Step, follow, port
 from .upstream_trees import Moves, UpstreamCache, UpstreamTree, get_tree, version_of_tag
 
@@ -221,8 +221,13 @@ def build_outlook(series: Series, cache: UpstreamCache, releases: list[str] | No
                   progress: Callable[[int, int, str], None] | None = None, root: Path | None = None) -> Outlook:
     """The outlook of `series` over the chosen releases (see the module's docstring)."""
     started = time.perf_counter()
-    validate(list(series.patches), root)  # an invalid Obsolete-If is refused before anything runs
+    # The test checks run the project's tests/: an installed tool's bundled lines have none.
+    tests_here = root is not None and (root / TESTS_DIR).is_dir()
+    validate(list(series.patches), root if tests_here else None)  # refused before anything runs
+    if tests_here:
+        require_test_environment(root, list(series.patches))
     notes: list[str] = []
+    not_run: dict[str, list[str]] = {}
     versions = select_releases(series.pin, releases, to, cache, notes)
     report = progress or (lambda done, total, what: None)
     report(0, len(versions), f"vLLM {series.pin.version} (the pin)")
@@ -243,11 +248,18 @@ def build_outlook(series: Series, cache: UpstreamCache, releases: list[str] | No
         moves = cache.renames(old.commit, tree.commit, paths)
         new_base = cache.read(tree.commit, [moves.path(p) for p in paths])
         commit = tree.commit
-        runner = project_test_runner(root, lambda c=commit: cache.checkout(c)) if root else None
-        judge = Judge(functools.partial(cache.read, tree.commit), runner)
+        runner = project_test_runner(root, lambda c=commit: cache.checkout(c)) if tests_here else None
+        judge = Judge(functools.partial(cache.read, tree.commit), runner, skip_tests=not tests_here)
         stacked, alone = carry(series, old_base, stages, new_base, tag, moves, judge)
+        for name, checks in judge.not_run.items():
+            not_run.setdefault(name, []).extend(c for c in checks if c not in not_run[name])
         rows.append(Row(version, tree, moves, stacked, alone, time.perf_counter() - t0))
     report(len(versions), len(versions), "done")
+    if not_run:
+        notes.append(f"the Obsolete-If test checks did not run ({root or 'the series'} has no {TESTS_DIR}/: an "
+                     "installed vllm-patch bundles the lines, not the tests; run outlook in a checkout of vllm-patch "
+                     "after 'make dev' to run them); the parts they judge are carried as still needed: "
+                     + "; ".join(f"{name}: {', '.join(checks)}" for name, checks in not_run.items()))
     return Outlook(series.pin, series.digest, list(series.names), rows, notes, time.perf_counter() - started)
 
 

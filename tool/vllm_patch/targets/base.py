@@ -9,8 +9,9 @@ from ..engine.analysis import Analysis, Contents
 from ..engine.patchfile import Patch
 from ..engine.pin import Pin
 from ..engine.versionfile import VersionInfo, parse_version_file
-from ..errors import InputError, PinMismatch
+from ..errors import InputError, PinMismatch, TargetError
 from ..infrastructure.transaction import Journal, commit, read_files, recover
+from .identify import not_vllm
 
 VERSION_FILE = "vllm/_version.py"
 
@@ -80,12 +81,25 @@ class Target:
             return VersionInfo(None, None)
         return parse_version_file(path.read_text(encoding="utf-8", errors="replace"))
 
+    def check_holds_vllm(self) -> None:
+        """Refuse a directory that holds no vLLM at all, saying what it is and what a target is: no line
+        and no --force makes it one."""
+        problem = not_vllm(self.root)
+        if problem:
+            raise TargetError(problem)
+
+    def unknown_version(self) -> str:
+        """Why the target's vLLM version cannot be told (when `found` has none), for messages."""
+        if (self.root / VERSION_FILE).is_file():
+            return f"its {VERSION_FILE} names no version"
+        return f"no {VERSION_FILE}, which a release's sdist, wheel and install carry"
+
     def check_pin(self, pin: Pin) -> Found:
         """Raise PinMismatch unless the target is the pinned release, or one the pin declares
         (``also``)."""
         found = self.found()
         if found.version is None:
-            raise PinMismatch(f"cannot tell which vLLM {self.root} holds (no {VERSION_FILE}); "
+            raise PinMismatch(f"cannot tell which vLLM {self.root} holds ({self.unknown_version()}); "
                               f"expected {pin.version}; pass --force to go on anyway")
         problems = []
         if not pin.covers(found.version):

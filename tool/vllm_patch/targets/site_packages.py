@@ -101,6 +101,9 @@ class SitePackagesTarget(Target):
         from ..infrastructure.transaction import Journal
         return Journal.of(self.root, self.dist_info.name)
 
+    def check_holds_vllm(self) -> None:
+        """Its vLLM dist-info says it holds vLLM."""
+
     def found(self) -> Found:
         commit = self._version_file().commit
         return Found(self.dist.version, commit, f"{self.dist_info.name} and vllm/_version.py")
@@ -197,7 +200,7 @@ class SitePackagesTarget(Target):
         if kept:
             # Rewritten only when what it says changes (a patched wheel's copy, or one an
             # older vllm-patch wrote, stays as it is when nothing is to be done).
-            new_state = AppliedState.of(kept, originals, original_at)
+            new_state = AppliedState.of(kept, originals, original_at, self._written(originals, changes, current))
             if new_state != state:
                 changes[self.state_path] = new_state.dump()
         elif (self.root / self.state_path).exists():
@@ -227,6 +230,12 @@ class SitePackagesTarget(Target):
         if new_record != text.encode("utf-8"):
             changes[self.record_path] = new_record
         return Plan(changes)
+
+    def _written(self, originals: dict[str, str | None], changes: Contents, current: Contents) -> dict[str, str]:
+        """The hash of each file the series changed, as this write leaves it (the state's `written`)."""
+        unread = [rel for rel in originals if rel not in changes and rel not in current]
+        final = {**current, **self.read(unread), **changes}
+        return {rel: record.record_hash(final[rel]) for rel in originals if final.get(rel) is not None}
 
     def _check_restores(self, rel: str, line: str | None, data: bytes | None) -> None:
         """A revert must give back the bytes the original RECORD line describes."""
