@@ -56,13 +56,15 @@ unit: $(DEV) ## the tests that need no vLLM release at all (no download: checked
 		$(BIN)/pytest -q -m "not integration and not slow" -p no:cacheprovider; rc=$$?; rm -rf "$$cache"; exit $$rc
 
 # The tiers (docs/maintaining.md#the-tests): `test` is the fast one, `test-slow` the rest, `test-full` both, each
-# test once. TIME prints a tier's wall time when it ends.
+# test once. TIME prints a tier's wall time when it ends; JOBS pytest workers (pytest-xdist) share the tests, a
+# module to a worker in the slow tier (its fixtures are whole virtualenvs and release trees).
+JOBS ?= 2
 TIME = start=$$(date +%s); trap 'echo "$@: $$(( $$(date +%s) - start )) s"' EXIT;
 test: $(DEV) lint ## lint, then the fast tier: the tool, every line's check and its CPU tests (minutes; sdists cached)
-	@$(TIME) $(BIN)/pytest -q -p no:cacheprovider -m "not slow"
+	@$(TIME) $(BIN)/pytest -q -p no:cacheprovider -n $(JOBS) -m "not slow"
 
 test-slow: $(DEV) ## the rest: compile matrices, real-wheel venvs, images, outlooks, carried lines; patch removal
-	@$(TIME) $(BIN)/pytest -q -p no:cacheprovider -m slow; rc=$$?; \
+	@$(TIME) $(BIN)/pytest -q -p no:cacheprovider -n $(JOBS) --dist loadfile -m slow; rc=$$?; \
 		$(BIN)/python devtools/patch_removal.py || rc=1; exit $$rc
 
 test-full: test test-slow ## every test once: `make test`, then `make test-slow` (what CI runs)
