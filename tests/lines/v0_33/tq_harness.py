@@ -506,6 +506,32 @@ def build_uq_cache(tree: Path, seq_lens: list[int], num_kv_heads: int, head_dim:
     return SimpleNamespace(kv_cache=kv_cache, block_table=block_table, keys=keys, values=values)
 
 
+VERIFY_KERNEL = "vllm/v1/attention/ops/triton_turboquant_verify.py"
+
+
+@contextlib.contextmanager
+def gpu_of(tree: Path, backend: ModuleType, max_shared: int) -> Iterator[None]:
+    """While the block runs, the backend ``backend`` (a ``load_backend`` module of ``tree``) decides its route on
+    a CUDA device whose blocks get at most ``max_shared`` bytes of shared memory: on a GPU host the device
+    itself, capped by the kernel module's own ``$VLLM_TURBOQUANT_MQ_MAX_SHARED_MEMORY``; on a CPU host a stand-in
+    CUDA device 0 (sm_90) with that limit, whose launches cannot run (the route must not probe one). Only the
+    route's decision can be made under it: no kernel of the block may launch."""
+    with pytest.MonkeyPatch.context() as mp:
+        if torch.cuda.is_available():
+            mp.setenv("VLLM_TURBOQUANT_MQ_MAX_SHARED_MEMORY", str(max_shared))
+        else:
+            limits_cls = vllm_tree.load_module(tree, VERIFY_KERNEL).TQMQLimits
+
+            def no_launch(*a, **k):
+                raise AssertionError("the stand-in CUDA device cannot launch a kernel")
+
+            mp.setattr(torch.cuda, "is_available", lambda: True)
+            mp.setattr(torch.cuda, "current_device", lambda: 0)
+            mp.setattr(backend, "tq_mq_device_limits", lambda device=None: limits_cls(max_shared, 90), raising=False)
+            mp.setattr(backend, "tq_mq_verify_probe", no_launch, raising=False)
+        yield
+
+
 def vllm_config(num_spec: int | None, num_heads: int, max_num_seqs: int = 8, splits: int = 4,
                 max_num_batched_tokens: int = 64, dtype: torch.dtype = torch.float16,
                 cache_dtype: str = "turboquant_k8v4") -> SimpleNamespace:
