@@ -578,6 +578,49 @@ def interpreted_loads(tensor: torch.Tensor) -> Iterator[list[int]]:
         interpreter.InterpreterBuilder.create_masked_load = original
 
 
+def _storage_span(t: torch.Tensor) -> tuple[torch.device, int, int]:
+    storage = t.untyped_storage()
+    return t.device, storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+
+
+@contextlib.contextmanager
+def cache_launches(tensor: torch.Tensor) -> Iterator[list[tuple[str, Any]]]:
+    """Records, while the block runs, every Triton kernel launch handed a tensor that lies in ``tensor``'s
+    storage (a view of the cache included): yields the list of ``(kernel name, grid)`` it fills, in launch order
+    (the grid as launched: a tuple, or a callable's repr). Compiled (``JITFunction.run``) and interpreted
+    (``InterpretedFunction.run``) launches both; warm-up compiles are no launch. Restores both on exit."""
+    from triton.runtime import interpreter, jit
+
+    device, lo, hi = _storage_span(tensor)
+    launches: list[tuple[str, Any]] = []
+
+    def touches(arg: Any) -> bool:
+        if not isinstance(arg, torch.Tensor) or arg.device != device:
+            return False
+        _, a_lo, a_hi = _storage_span(arg)
+        return a_lo < hi and lo < a_hi
+
+    classes = (jit.JITFunction, interpreter.InterpretedFunction)
+    originals = {cls: cls.__dict__["run"] for cls in classes}
+
+    def recording(original):
+        def run(self, *args, grid, warmup, **kwargs):
+            if not warmup and any(touches(a) for a in (*args, *kwargs.values())):
+                name = getattr(getattr(self, "fn", None), "__name__", repr(self))
+                launches.append((name, tuple(grid) if isinstance(grid, (tuple, list)) else repr(grid)))
+            return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+        return run
+
+    for cls in classes:
+        cls.run = recording(originals[cls])
+    try:
+        yield launches
+    finally:
+        for cls in classes:
+            cls.run = originals[cls]
+
+
 def bare_impl(cls, num_heads: int, num_kv_heads: int, head_size: int):
     """An impl without running __init__ (which wants a whole vLLM config); the fields the loop reads."""
     impl = object.__new__(cls)
