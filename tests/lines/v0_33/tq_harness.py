@@ -66,6 +66,21 @@ def tree_class(tree: Path, relpath: str, name: str, **scope) -> Any:
     return ns[found.name]
 
 
+def bind_tree_methods(obj: Any, tree: Path, relpath: str, class_name: str, **scope) -> Any:
+    """Binds to ``obj`` (a stand-in instance holding data) every method of the tree file's class ``class_name``
+    that ``obj`` lacks, each compiled on its own with the module names ``scope`` gives and its ``import vllm...``
+    statements resolved in the tree (``vllm_tree.load_function``): an object whose methods are the tree's,
+    whichever helpers a release splits its code into. Returns ``obj``."""
+    path = tree / relpath
+    cls = next(n for n in ast.parse(path.read_text(), str(path)).body
+               if isinstance(n, ast.ClassDef) and n.name == class_name)
+    for node in cls.body:
+        if isinstance(node, ast.FunctionDef) and not node.name.startswith("__") and not hasattr(obj, node.name):
+            method = vllm_tree.load_function(tree, relpath, f"{class_name}.{node.name}", **scope)
+            setattr(obj, node.name, method.__get__(obj))
+    return obj
+
+
 def tree_defines(tree: Path, relpath: str, name: str) -> bool:
     """Whether a tree file defines a top-level class or function ``name`` (0.27 has no
     ``max_decode_query_len``)."""
