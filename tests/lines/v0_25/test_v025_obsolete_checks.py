@@ -1,12 +1,16 @@
 """Line v0.25's own patches (0005, 0006) judge by behaviour, as the current line's do (tests/lines/v0_33 judges
 0001-0004 on this line with ``VLLM_PATCH_V033_LINE=v0.25``): their ``Obsolete-If: test`` checks, run the way
-``outlook`` and ``rebase`` run them, call each still needed on 0.25.1 and obsolete on a tree that has the fix."""
+``outlook`` and ``rebase`` run them, call each still needed on 0.25.1 and obsolete on a tree that has the fix:
+the line's own, and the unpatched trees of the later releases that have it upstream (0005's from 0.27.0, vllm PR
+#50533; 0006's from 0.32.0, vllm PR #56531)."""
 
 from __future__ import annotations
 
 import pytest
 
-from vllm_trees import assert_needed_then_obsolete
+from vllm_patch.infrastructure.downloads import pinned_base_tree
+from vllm_patch.lines import line_for
+from vllm_trees import PROJECT, assert_needed_then_obsolete, obsolete_verdicts
 
 OWN = (
     "0005-v1-turboquant-kv-cache-shape-with-its-preset.patch",
@@ -19,3 +23,20 @@ OWN = (
 def test_still_needed_on_the_release_and_obsolete_where_the_fix_is(v025_series, v025_pristine_tree, v025_tree,
                                                                     name):
     assert_needed_then_obsolete(v025_series, name, v025_pristine_tree, v025_tree)
+
+
+# The releases whose unpatched trees have each patch's fix (the pins of the lines that carry them).
+FIXED_IN = {
+    "0005-v1-turboquant-kv-cache-shape-with-its-preset.patch": ('0.27.1',),
+    "0006-gdn-zero-draft-decodes-on-the-spec-path.patch": ('0.32.0', '0.33.0'),
+}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("name", "version"), [(n, v) for n, vs in FIXED_IN.items() for v in vs])
+def test_obsolete_on_the_releases_that_have_the_fix(v025_series, name, version):
+    pin = line_for(PROJECT, version).load().pin
+    verdict = obsolete_verdicts(v025_series, name, {version: pinned_base_tree(pin, quiet=True)})[version]
+    assert verdict is not None and verdict.whole, (
+        f"{name} on {version}: {verdict.describe() if verdict else 'no part holds'}: rebase and outlook would keep "
+        f"it as still needed")

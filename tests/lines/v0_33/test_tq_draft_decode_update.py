@@ -16,14 +16,21 @@ patch's ``Obsolete-If: test`` check on a newer unpatched tree too:
    the same output as metadata built afresh for step 2, bit for bit, and the causal attention of the new lengths.
    A builder that kept a copy of a device length (or read a host one) at build time fails it.
 
+2. The claim follows the route: where the multi-query route steps aside (``VLLM_TURBOQUANT_ATTENTION_KERNEL=
+   decode``, a GPU that takes no tiling of the kernel, FlyDSL's cache layout) decodes take the decode kernel,
+   which reads the host ``max_seq_len`` an in-place refresh leaves stale, so the builder must not claim it; where
+   the route runs, it does. Each case first checks that the route it sets up did step aside (the builder reports
+   less than UNIFORM_BATCH: verify batches leave FULL graphs), so the claim is judged on the route it names.
+
 UltraQuant's builder is TurboQuant's; with patch 0007 it claims the update too (test_uq_verify_graphs.py).
 
 Before 0.32 no speculator updates the draft metadata in place, so there is nothing to claim (lines v0.25, v0.27
-run this file too: the first test skips there).
+run this file too: both tests skip there).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from pathlib import Path
@@ -143,3 +150,46 @@ def test_draft_steps_share_metadata_refreshed_in_place(tq, config, tree, preset)
         f"(largest difference {(in_place.float() - fresh.float()).abs().nan_to_num(float('inf')).max().item():.3g})")
     want, _ = tq_verify_ref(query, steps.keys, steps.values, [n + 1 for n in LENS], 1, SCALE)
     torch.testing.assert_close(in_place.float(), want, **TOL)
+
+
+# How each route the builder may be on is reached: the multi-query route runs on this host (interpreted on CPU);
+# the others make it step aside as on a user's machine.
+H100_SHARED = 232448
+ROUTES = {
+    "multi_query": None,
+    "decode_kernel_by_environment": "VLLM_TURBOQUANT_ATTENTION_KERNEL=decode",
+    "no_tiling_fits": "a GPU with 1 KiB of shared memory per block (no tiling's operands fit)",
+    "flydsl": "FlyDSL available (its SoA cache layout, which the kernel does not read)",
+}
+
+
+@pytest.mark.parametrize("route", list(ROUTES))
+def test_in_place_update_claimed_only_where_the_multi_query_route_runs(tree, route, monkeypatch):
+    if not _speculators_update_in_place(tree):
+        pytest.skip("this vLLM's speculators rebuild the draft metadata before every step, whatever the backend")
+    preset = "turboquant_k8v4"
+    config = tq_harness.vllm_config(K, HQ, splits=2)  # a module of its own: the route's verdict is cached in it
+    tq = tq_harness.load_backend(tree, config)
+    max_shared = H100_SHARED
+    if route == "decode_kernel_by_environment":
+        monkeypatch.setenv("VLLM_TURBOQUANT_ATTENTION_KERNEL", "decode")
+    elif route == "no_tiling_fits":
+        max_shared = 1024
+    elif route == "flydsl":
+        monkeypatch.setattr(tq, "is_flydsl_available", lambda: True)
+    builder_cls = tq.TurboQuantAttentionBackend.get_builder_cls()
+    with contextlib.nullcontext() if route == "multi_query" else tq_harness.gpu_of(tree, tq, max_shared):
+        support = builder_cls.get_cudagraph_support(config, _spec(preset))
+        builder = builder_cls(_spec(preset), ["model.layers.0.self_attn.attn"], config, DEVICE)
+    claims = bool(getattr(builder, "supports_draft_decode_metadata_update", False))
+    uniform = type(support).UNIFORM_BATCH
+    if route == "multi_query":
+        assert support.value >= uniform.value, f"the multi-query route does not serve verify batches here: {support}"
+        assert claims, "the builder on the multi-query route does not claim the in-place draft metadata update"
+        return
+    assert support.value < uniform.value, (
+        f"{ROUTES[route]}: the multi-query route did not step aside (the builder reports {support.name})")
+    assert not claims, (
+        f"{ROUTES[route]}: the multi-query route steps aside (decodes take the decode kernel, which reads the host "
+        f"max_seq_len), yet the builder claims the in-place draft metadata update: the speculator would run the "
+        f"K-1={K - 1} draft steps on step 1's host lengths")

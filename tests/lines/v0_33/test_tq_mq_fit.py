@@ -15,14 +15,31 @@
    a real launch decides is shown on the GPU (tests/gpu) and by the compile matrix (tests/gpu_fit).
 5. The workspace is reserved for the most query heads of any TurboQuant layer (a drafter's may exceed the
    target's), for at most max_num_batched_tokens rows, and for the KV splits launches actually take; each layer
-   reserves its share when it is built, inside vLLM's memory profile.
+   reserves its share when it is built, inside vLLM's memory profile: the tree's own WorkspaceManager then holds,
+   to the byte, what the largest launches need (rows x heads x head dim x dtype size, worked out here from the
+   batch limits and the launches' split rule).
+6. The lower bound of the staged bytes is what Triton compiles: the kernel compiled ahead of time for sm_90
+   (``triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))``, tests/gpu_fit/fitmatrix.py's compile of
+   the probe's launch) needs exactly that much shared memory (``metadata.shared``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import itertools
+import json
 import logging
 import math
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import AbstractContextManager
+from contextvars import ContextVar
+from pathlib import Path
 from types import SimpleNamespace
+from typing import TypeVar, cast
 
 import pytest
 import torch
@@ -87,14 +104,34 @@ def test_a100_takes_narrower_steps_at_64_rows_of_4bit_keys(mq):
     assert mq.tq_mq_verify_candidates(16, 4, 128, 3, False, _limits(mq, A100))[0].block_n == 64
 
 
-def test_staged_bytes_match_the_compiled_kernels(mq):
-    """The lower bound equals metadata.shared of the compiled MSE kernels (tf32x3), as compiled ahead of time
-    for sm_80..sm_120: 80, 96 and 128 KiB at 16x128, 32x128 / 16x256 and 64x128 / 32x256 (BLOCK_N the widest)."""
-    cases = {(16, 128, 4): 81920, (32, 128, 4): 98304, (64, 128, 4): 131072, (16, 256, 4): 98304,
-             (32, 256, 4): 131072, (16, 128, 3): 81920, (32, 256, 3): 131072}
-    for (block_m, d, bits), shared in cases.items():
+# (BLOCK_M, head dim, MSE bits) -> a geometry and K+1 of tests/gpu_fit/fitmatrix.py whose K1 x G rows take that
+# BLOCK_M: 16 x 128 (Llama-8B, G 4, K+1 4), 32 x 128 (Qwen3-30B, G 8), 64 x 128 (Llama-8B, K+1 16), 16 x 256
+# (Qwen3.6-27B, G 6, K+1 2: 12 rows), 32 x 256 (K+1 4: 24 rows).
+COMPILED_TILES = {(16, 128, 4): ("Llama-3.1-8B", 4), (32, 128, 4): ("Qwen3-30B-A3B", 4),
+                  (64, 128, 4): ("Llama-3.1-8B", 16), (16, 256, 4): ("Qwen3.6-27B TP1", 2),
+                  (32, 256, 4): ("Qwen3.6-27B TP1", 4), (16, 128, 3): ("Llama-3.1-8B", 4),
+                  (32, 256, 3): ("Qwen3.6-27B TP1", 4)}
+
+
+def test_staged_bytes_match_the_compiled_kernels(mq, v033_tree, tmp_path):
+    """The lower bound equals metadata.shared of the MSE kernels compiled ahead of time for sm_90 (tf32x3 scores,
+    BLOCK_N the widest: 128 tokens at D 128, 64 at D 256, half that for 3-bit keys), as the probe launches them:
+    tq_mq_aot.py compiles them with Triton in an interpreter of its own (this one interprets), nothing cached."""
+    cases, staged = [], {}
+    for (block_m, d, bits), (geometry, k1) in COMPILED_TILES.items():
         block_n = (128 if d <= 128 else 64) // (1 if bits == 4 else 2)
-        assert mq.tq_mq_staged_bytes(block_m, block_n, d, bits, False) == shared, (block_m, d, bits)
+        cases.append([block_m, block_n, d, "4bit_nc" if bits == 4 else "3bit_nc", geometry, k1])
+        staged[(block_m, d, bits)] = mq.tq_mq_staged_bytes(block_m, block_n, d, bits, False)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["VLLM_PATCH_GPU_FIT_CACHE"] = str(tmp_path)  # every compile runs
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("tq_mq_aot.py")), str(v033_tree / VERIFY),
+                           "sm_90"], input=json.dumps(cases), env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = json.loads(proc.stdout)
+    errors = [(case, r) for case, r in zip(cases, results, strict=True) if "error" in r]
+    assert not errors, errors
+    compiled = {key: r["shared"] for key, r in zip(COMPILED_TILES, results, strict=True)}
+    assert staged == compiled
 
 
 def test_precision_follows_the_platform(mq):
@@ -249,15 +286,28 @@ def test_environment_switch_keeps_the_release_route(mq, on_a_gpu, monkeypatch):
 H100_SMS = 132
 
 
-def _split_rows_needed(mq, k1s, max_reqs, max_rows, num_kv_heads, max_splits, num_sms=H100_SMS):
-    """The most (row, split) pairs any launch of the route writes: the launcher's own split count at one M
-    tile (the most splits any tiling takes), for every batch of up to max_reqs requests within max_rows."""
+def _most_split_rows(k1s, max_reqs, max_rows, num_kv_heads, max_splits, num_sms=H100_SMS) -> int:
+    """The most (query row, KV split) pairs a launch writes partials for, over every batch the scheduler can give
+    the route (r requests of k1 rows, r * k1 within max_rows): by the launches' split rule, a launch of r x Hk
+    programs (one M tile: a KV head's K+1 x G rows fit one tile here) takes enough KV splits for four programs
+    per SM, at most max_splits, and one split writes no partials."""
     most = 0
     for k1 in k1s:
-        for num_reqs in range(1, min(max_reqs, max_rows // k1) + 1):
-            splits = mq.tq_mq_verify_num_splits(num_reqs * num_kv_heads, num_sms, max_splits)
-            most = max(most, num_reqs * k1 * splits if splits > 1 else 0)
+        for r in range(1, min(max_reqs, max_rows // k1) + 1):
+            splits = min(max_splits, -(-4 * num_sms // (r * num_kv_heads)))
+            if splits > 1:
+                most = max(most, r * k1 * splits)
     return most
+
+
+def _scratch_bytes(rows: int, split_rows: int, heads: int, head_dim: int, row_dtype: torch.dtype) -> int:
+    """Bytes of one workspace allocation holding what the largest launches use, side by side, each part aligned
+    to 256 bytes as vLLM's WorkspaceManager lays them out: float32 partials (max, sum and D values) of
+    ``split_rows`` row-splits, the rows' rotated queries in float32, and the padded query and output rows of
+    decodes of different lengths in the model's dtype."""
+    parts = [split_rows * heads * (head_dim + 1) * 4, rows * heads * head_dim * 4,
+             *[rows * heads * head_dim * row_dtype.itemsize] * 2]
+    return sum(-(-part // 256) * 256 for part in parts)
 
 
 def _scratch_calls(reserved, num_heads, head_size):
@@ -266,6 +316,19 @@ def _scratch_calls(reserved, num_heads, head_size):
     different lengths (patch 0006), in the model's dtype."""
     return [shapes for shapes in reserved if len(shapes) in (2, 4) and len(shapes[0][0]) == 1
             and all(shape[1:] == (num_heads, head_size) for shape, _ in shapes[1:])]
+
+
+def _workspace_manager(tree):
+    """The tree's own ``WorkspaceManager`` (vllm/v1/worker/workspace.py: one ubatch, one lane), on the host."""
+    path = "vllm/v1/worker/workspace.py"
+    scope = dict(torch=torch, envs=SimpleNamespace(VLLM_DEBUG_WORKSPACE=False), logger=logging.getLogger("ws"),
+                 inspect=inspect, os=os, Callable=Callable, Hashable=Hashable, Iterator=Iterator,
+                 AbstractContextManager=AbstractContextManager, nullcontext=contextlib.nullcontext,
+                 accumulate=itertools.accumulate, prod=math.prod, cast=cast, T=TypeVar("T"), _MB=1 << 20,
+                 _GiB=1 << 30, dbo_current_ubatch_id=lambda: 0, _workspace_lane=ContextVar("lane", default=0),
+                 round_up=tq_harness.tree_class(tree, "vllm/utils/math_utils.py", "round_up"))
+    scope["_compute_bytes"] = tq_harness.tree_class(tree, path, "_compute_bytes", **scope)
+    return tq_harness.tree_class(tree, path, "WorkspaceManager", **scope)(torch.device("cpu"))
 
 
 @pytest.fixture
@@ -307,34 +370,46 @@ def test_workspace_covers_the_widest_layer_and_at_most_the_token_budget(mq, on_a
     (flat, flat_dtype), (rot, rot_dtype), *padded = calls[0]
     assert rot == (rows, 32, 256) and flat_dtype == rot_dtype == torch.float32
     assert padded == [((rows, 32, 256), torch.bfloat16)] * 2
-    need = _split_rows_needed(mq, (1, 4), max_reqs, max_tokens, HK, splits)
+    need = _most_split_rows((1, 4), max_reqs, max_tokens, HK, splits)
     assert 0 < need < rows * splits
     assert flat[0] == need * 32 * 257
     # At vLLM's defaults (256 sequences, 8192 tokens, 32 splits) a sixteenth of rows x the split limit.
-    assert _split_rows_needed(mq, (1, 4), 256, 8192, HK, 32) * 16 < 1024 * 32
+    assert _most_split_rows((1, 4), 256, 8192, HK, 32) * 16 < 1024 * 32
 
 
-def test_layers_reserve_their_scratch_when_built(mq, v033_tree, workspace, monkeypatch):
+def test_layers_reserve_their_scratch_when_built(mq, v033_tree, monkeypatch):
     """Each TurboQuant attention layer reserves its kernel scratch in its constructor, while the model is
     built and before vLLM's memory profile ends, so the KV cache is sized without those bytes (the builders,
-    which reserve it too, are made after the profile). VLLM_TURBOQUANT_ATTENTION_KERNEL=decode, which turns
-    the kernel off, reserves nothing."""
+    which reserve it too, are made after the profile). At vLLM's defaults (256 sequences, 8192 batched tokens,
+    32 KV splits) with MTP K = 3 on an H100 (132 SMs), Qwen3.6-27B's 24/4 heads of 256 in bfloat16: the tree's
+    WorkspaceManager, locked after the constructor as vLLM locks it after the profile, holds exactly the bytes of
+    1024 rows (256 x 4) and of the most split rows any launch takes, and not one byte more.
+    VLLM_TURBOQUANT_ATTENTION_KERNEL=decode, which turns the kernel off, reserves nothing."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    if not torch.accelerator.is_available():
+        monkeypatch.setattr(torch.accelerator, "empty_cache", lambda: None)  # no device cache to release
     config = tq_harness.vllm_config(3, HQ, 256, 32, 8192, dtype=torch.bfloat16, cache_dtype="turboquant_4bit_nc")
     tq = tq_harness.load_backend(v033_tree, config)
-    reserved = workspace(tq)
+    monkeypatch.setitem(tq.tq_mq_verify_split_rows.__globals__["_SM_COUNT"], 0, H100_SMS)
+    manager = _workspace_manager(v033_tree)
+    monkeypatch.setattr(tq, "is_workspace_manager_initialized", lambda: True)
+    monkeypatch.setattr(tq, "current_workspace_manager", lambda: manager)
     tq.TurboQuantAttentionImpl(HQ, 256, 1 / 16, num_kv_heads=HK, kv_cache_dtype="turboquant_4bit_nc")
-    calls = _scratch_calls(reserved, HQ, 256)
-    assert len(calls) == 1, reserved
-    (flat, _), (rot, _), *padded = calls[0]
-    assert rot == (256 * 4, HQ, 256)
-    assert padded == [((256 * 4, HQ, 256), torch.bfloat16)] * 2
-    assert flat[0] == _split_rows_needed(mq, (1, 4), 256, 8192, HK, 32) * HQ * 257
+    manager.lock()
+    rows = min(256 * 4, 8192)
+    want = _scratch_bytes(rows, _most_split_rows((1, 4), 256, 8192, HK, 32), HQ, 256, torch.bfloat16)
+    manager.get_simultaneous(((want,), torch.uint8))  # held: no growth
+    with pytest.raises(AssertionError, match="locked"):
+        manager.get_simultaneous(((want + 1,), torch.uint8))
+
     monkeypatch.setenv("VLLM_TURBOQUANT_ATTENTION_KERNEL", "decode")
-    reserved.clear()
+    manager = _workspace_manager(v033_tree)
+    monkeypatch.setattr(tq, "current_workspace_manager", lambda: manager)
     tq.TurboQuantAttentionImpl(HQ, 256, 1 / 16, num_kv_heads=HK, kv_cache_dtype="turboquant_4bit_nc")
-    assert not _scratch_calls(reserved, HQ, 256)
+    manager.lock()
+    with pytest.raises(AssertionError, match="locked"):
+        manager.get_simultaneous(((1,), torch.uint8))
 
 
 def test_a_flat_scratch_gives_the_same_result(mq):

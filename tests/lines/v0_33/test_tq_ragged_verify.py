@@ -8,14 +8,19 @@ which reads the cache once per query row and query head.
 
 These tests use only what any vLLM's TurboQuant backend offers (its builder and impl classes, vLLM's
 ``CommonAttentionMetadata``), with the tree's real kernels (``tq_harness.load_backend``), so they are the
-patch's ``Obsolete-If: test`` check on a newer unpatched tree too:
+patch's ``Obsolete-If: test`` check on a newer unpatched tree too. Launches are the Triton launches handed the
+cache (``tq_harness.cache_launches``: compiled or interpreted), so they count on a GPU host as on CPU.
 
-1. A batch of decodes of 4, 1, 4 and 2 tokens (K = 3) gives the causal attention of the device lengths, its
-   host-side lengths the optimistic bound of async scheduling.
-2. It reads each request's cache about once per KV head, as a uniform verify batch does (counted in Triton's
-   interpreter): one pass of the multi-query kernel, not the loop.
-3. Where the batch's K+1 rows per request exceed the workspace (max_num_batched_tokens below max_num_seqs times
-   K+1), the output is still the causal attention.
+1. A batch of decodes of 4, 1, 4 and 2 tokens (K = 3), its host-side lengths the optimistic bound of async
+   scheduling, is served by one launch over the cache, the same launch (kernel and grid) as a uniform verify
+   batch of K+1 tokens for the same requests, and gives the causal attention of the device lengths. Without the
+   patch the first request takes the kernel and each of the other three a launch of the per-request loop.
+2. It reads each request's cache about once per KV head, as a uniform verify batch does: counted in Triton's
+   interpreter on CPU; on a GPU host, where no load can be counted, its cache-reading launches are those of the
+   uniform verify batch, whose reads the interpreter counts on CPU (test_tq_verify_route.py).
+3. The one launch is bounded by the workspace the builder reserves (max_num_seqs x K+1 rows, at most
+   max_num_batched_tokens): with room for the batch's four requests of K+1 rows it is one launch, with less the
+   output is still the causal attention.
 """
 
 from __future__ import annotations
@@ -65,15 +70,15 @@ def _batch(tree: Path, preset: str, seed: int = 0) -> RaggedBatch:
     return RaggedBatch(cache.keys, cache.values, storage, cache.block_table, query.to(torch.float16).to(DEVICE))
 
 
-def _common(tq, batch: RaggedBatch, host_excess):
+def _common(tq, batch: RaggedBatch, host_excess, query_lens=QUERY_LENS):
     cam_cls = tq.CommonAttentionMetadata
     b = len(LENS)
-    ql = torch.tensor(QUERY_LENS, dtype=torch.int32)
+    ql = torch.tensor(query_lens, dtype=torch.int32)
     qsl = torch.zeros(b + 1, dtype=torch.int32)
     qsl[1:] = ql.cumsum(0)
     seq = torch.tensor(LENS, dtype=torch.int32)
     host = seq + torch.tensor(host_excess, dtype=torch.int32)
-    pos = torch.cat([torch.arange(n - q, n) for n, q in zip(LENS, QUERY_LENS, strict=True)]).to(DEVICE)
+    pos = torch.cat([torch.arange(n - q, n) for n, q in zip(LENS, query_lens, strict=True)]).to(DEVICE)
     req = torch.repeat_interleave(torch.arange(b), ql).to(DEVICE)
     slots = batch.block_table[req, pos // BLOCK].long() * BLOCK + pos % BLOCK
     kw = dict(query_start_loc=qsl.to(DEVICE), query_start_loc_cpu=qsl, seq_lens=seq.to(DEVICE), num_reqs=b,
@@ -85,18 +90,31 @@ def _common(tq, batch: RaggedBatch, host_excess):
     return cam_cls(**kw)
 
 
-def _forward(tq, config, preset: str, batch: RaggedBatch, host_excess) -> torch.Tensor:
+def _forward(tq, config, preset: str, batch: RaggedBatch, host_excess, query_lens=QUERY_LENS,
+             query: torch.Tensor | None = None) -> tuple[torch.Tensor, list]:
+    """(the impl's output, the Triton launches of its forward handed the cache) for the batch with
+    ``query_lens`` tokens per request (``query``: their queries, default the batch's)."""
+    query = batch.query if query is None else query
     backend = tq.TurboQuantAttentionBackend
     builder = backend.get_builder_cls()(_spec(preset), ["model.layers.0.self_attn.attn"], config, DEVICE)
-    meta = builder.build(0, _common(tq, batch, host_excess))
+    meta = builder.build(0, _common(tq, batch, host_excess, query_lens))
     impl = backend.get_impl_cls()(num_heads=HQ, head_size=D, scale=SCALE, num_kv_heads=HK, alibi_slopes=None,
                                   sliding_window=None, kv_cache_dtype=preset)
-    n = batch.query.shape[0]
+    n = query.shape[0]
     out = torch.full((n, HQ * D), float("nan"), dtype=torch.float16, device=DEVICE)
     kv = torch.zeros(n, HK, D, dtype=torch.float16, device=DEVICE)
-    got = impl.forward(SimpleNamespace(), batch.query, kv, kv, tq_harness.forward_cache(tq, batch.storage), meta,
-                       output=out)
-    return got.view(n, HQ, D)
+    with tq_harness.cache_launches(batch.storage) as launches:
+        got = impl.forward(SimpleNamespace(), query, kv, kv, tq_harness.forward_cache(tq, batch.storage), meta,
+                           output=out)
+    return got.view(n, HQ, D), launches
+
+
+def _uniform_launches(tq, config, preset: str, batch: RaggedBatch) -> list:
+    """The cache-reading launches of a uniform verify batch of K+1 tokens for each of the batch's requests."""
+    query = torch.randn(len(LENS) * K1, HQ, D, generator=torch.Generator().manual_seed(9)).to(torch.float16)
+    _, launches = _forward(tq, config, preset, batch, [0] * len(LENS), [K1] * len(LENS), query.to(DEVICE))
+    assert len(launches) == 1, f"a uniform verify batch takes {len(launches)} launches over the cache: {launches}"
+    return launches
 
 
 def _reference(batch: RaggedBatch) -> torch.Tensor:
@@ -107,29 +125,57 @@ def _reference(batch: RaggedBatch) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("preset", ["turboquant_k8v4", "turboquant_4bit_nc"])
-def test_decodes_of_different_lengths_attend_over_the_device_lengths(tq, config, tree, preset):
+def test_decodes_of_different_lengths_in_one_launch_over_the_device_lengths(tq, config, tree, preset):
     batch = _batch(tree, preset)
-    wrong = _mismatch(_forward(tq, config, preset, batch, HOST_EXCESS), _reference(batch))
-    assert wrong is None, f"{preset}, decodes of {QUERY_LENS} tokens: {wrong}"
+    out, launches = _forward(tq, config, preset, batch, HOST_EXCESS)
+    problems = []
+    uniform = _uniform_launches(tq, config, preset, batch)
+    if launches != uniform:
+        problems.append(f"{len(launches)} launches over the cache ({launches}), not the one launch of a uniform "
+                        f"verify batch of the same requests ({uniform})")
+    wrong = _mismatch(out, _reference(batch))
+    if wrong:
+        problems.append(f"host-side lengths {HOST_EXCESS} tokens over the device ones: {wrong}")
+    assert not problems, f"{preset}, decodes of {QUERY_LENS} tokens: " + "; ".join(problems)
 
 
 def test_decodes_of_different_lengths_read_the_cache_once_per_kv_head(tq, config, tree):
-    route.skip_unless_interpreted()
     preset = "turboquant_4bit_nc"
     batch = _batch(tree, preset, seed=3)
-    with tq_harness.interpreted_loads(batch.storage) as read:
-        out = _forward(tq, config, preset, batch, [0] * len(LENS))
-    excess = route.read_excess(read[0], batch.storage, LENS)
-    assert excess is None, (f"the batch of decodes of {QUERY_LENS} tokens {excess}: the rows after the first of "
-                            f"another length went to the per-request loop, which reads the cache once per query "
-                            f"row and query head")
+    if vllm_tree.interpreted() and DEVICE == "cpu":
+        with tq_harness.interpreted_loads(batch.storage) as read:
+            out, _ = _forward(tq, config, preset, batch, [0] * len(LENS))
+        excess = route.read_excess(read[0], batch.storage, LENS)
+        assert excess is None, (f"the batch of decodes of {QUERY_LENS} tokens {excess}: the rows after the first "
+                                f"of another length went to the per-request loop, which reads the cache once per "
+                                f"query row and query head")
+    else:
+        # No load is counted on a GPU: the batch must read the cache through the launch a uniform verify batch
+        # of the same requests takes, which reads each request's cache once per KV head.
+        out, launches = _forward(tq, config, preset, batch, [0] * len(LENS))
+        uniform = _uniform_launches(tq, config, preset, batch)
+        assert launches == uniform, (
+            f"the batch of decodes of {QUERY_LENS} tokens reads the cache in {len(launches)} launches "
+            f"({launches}), not the one launch of a uniform verify batch of its requests ({uniform}), which reads "
+            f"each request's cache once per KV head: the rows after the first of another length went to the "
+            f"per-request loop, which reads the cache once per query row and query head")
     assert _mismatch(out, _reference(batch)) is None
 
 
-def test_more_rows_than_the_workspace_still_attend_causally(tq, tree):
-    """max_num_batched_tokens = 8 holds two requests of K+1 rows: the builder cannot pad four."""
+def test_the_workspace_bounds_the_one_launch(tq, tree):
+    """max_num_batched_tokens = 16 holds the four requests' K+1 rows: one launch; 12 does not, and the builder
+    cannot pad the batch into it: still the causal attention."""
     preset = "turboquant_k8v4"
-    small = tq_harness.vllm_config(K, HQ, splits=2, max_num_batched_tokens=2 * K1)
     batch = _batch(tree, preset, seed=5)
-    wrong = _mismatch(_forward(tq, small, preset, batch, HOST_EXCESS), _reference(batch))
-    assert wrong is None, f"{preset}, decodes of {QUERY_LENS} tokens, 8 batched tokens at most: {wrong}"
+    want = _reference(batch)
+    problems = []
+    for max_tokens in (len(LENS) * K1, len(LENS) * K1 - 4):
+        small = tq_harness.vllm_config(K, HQ, splits=2, max_num_batched_tokens=max_tokens)
+        out, launches = _forward(tq, small, preset, batch, HOST_EXCESS)
+        wrong = _mismatch(out, want)
+        if wrong:
+            problems.append(f"{max_tokens} batched tokens at most: {wrong}")
+        if max_tokens >= len(LENS) * K1 and len(launches) != 1:
+            problems.append(f"room for {max_tokens} rows: {len(launches)} launches over the cache ({launches}), "
+                            f"not one")
+    assert not problems, f"{preset}, decodes of {QUERY_LENS} tokens: " + "; ".join(problems)

@@ -18,9 +18,10 @@ TurboQuantConfig, centroids and ``vllm.envs``; FlyDSL (AMD) reports itself unava
 Tests that must hold on newer unpatched trees (``Obsolete-If: test``) use that and vLLM's own
 ``CommonAttentionMetadata`` (``cam_class``), never the line's module or function names.
 ``load_ultraquant_backend(tree)`` runs ``ultraquant_attn.py`` the same way, on top of that TurboQuant module, with
-one exception: UltraQuant's attention kernel (``ultraquant_unified_attention``) is ``uq_kernel_stand_in``, its
-contract computed exactly over the tree's own cache format, since Triton's interpreter has no ``tl.dot_scaled``
-(the kernel's FP4 x FP8 dot) and the kernel cannot run on a CPU host. ``build_uq_cache`` fills an UltraQuant
+one exception: UltraQuant's attention kernels are ``uq_kernel_stand_in``: the tree's own launcher
+(``ultraquant_unified_attention``) with each kernel it launches computed program by program in float64 over the
+tree's own cache format, since Triton's interpreter has no ``tl.dot_scaled`` (the kernel's FP4 x FP8 dot) and the
+kernel cannot run on a CPU host. ``build_uq_cache`` fills an UltraQuant
 cache with the tree's own encoder.
 """
 
@@ -63,6 +64,21 @@ def tree_class(tree: Path, relpath: str, name: str, **scope) -> Any:
     ns: dict[str, Any] = dict(scope)
     exec(compile(ast.Module(body=[found], type_ignores=[]), str(path), "exec"), ns)
     return ns[found.name]
+
+
+def bind_tree_methods(obj: Any, tree: Path, relpath: str, class_name: str, **scope) -> Any:
+    """Binds to ``obj`` (a stand-in instance holding data) every method of the tree file's class ``class_name``
+    that ``obj`` lacks, each compiled on its own with the module names ``scope`` gives and its ``import vllm...``
+    statements resolved in the tree (``vllm_tree.load_function``): an object whose methods are the tree's,
+    whichever helpers a release splits its code into. Returns ``obj``."""
+    path = tree / relpath
+    cls = next(n for n in ast.parse(path.read_text(), str(path)).body
+               if isinstance(n, ast.ClassDef) and n.name == class_name)
+    for node in cls.body:
+        if isinstance(node, ast.FunctionDef) and not node.name.startswith("__") and not hasattr(obj, node.name):
+            method = vllm_tree.load_function(tree, relpath, f"{class_name}.{node.name}", **scope)
+            setattr(obj, node.name, method.__get__(obj))
+    return obj
 
 
 def tree_defines(tree: Path, relpath: str, name: str) -> bool:
@@ -423,46 +439,217 @@ def uq_read(tree: Path, slots: torch.Tensor, head_dim: int) -> tuple[torch.Tenso
     return ref.ultraquant_dequant(k, d), ref.ultraquant_dequant(v, d)
 
 
+def _find_seq_idx(qsl: list[int], target: int, num_seqs: int, block_q: int, q_blocks: bool) -> int:
+    """The kernels' binary search over query_start_loc: the sequence of q-block (``q_blocks``) or token
+    ``target``."""
+    left, right = 0, num_seqs
+    while left < right:
+        mid = (left + right) // 2
+        val = qsl[mid] // block_q + mid if q_blocks else qsl[mid]
+        if val <= target:
+            left = mid + 1
+        else:
+            right = mid
+    return left - 1
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class _UQPrograms:
+    """The programs of UltraQuant's three Triton kernels (the unified 2D and split-KV 3D attention kernels and the
+    segment reduce), each computed in float64 from exactly the launch it is given: the grid, the constexprs
+    (BLOCK_M, BLOCK_Q, TILE_SIZE, NUM_SEGMENTS_PER_SEQ, SLIDING_WINDOW, USE_SINKS, the slot offsets), the strides
+    and the device tensors. Program by program as the kernels run them: a q-block finds its sequence with the
+    kernels' binary search over ``query_start_len_ptr``, returns past its sequence's query rows, reads the tiles
+    its loop bounds give (``seq_lens_ptr``'s length, its rows' causal prefix, its KV segment, the sliding window)
+    through the block table, and stores what the kernel stores: the 2D kernel a row's attention, the 3D kernel its
+    segment's running max, sum and unnormalised accumulator, which the reduce combines over the segments the
+    sequence's length gives. A row no program writes keeps what ``output`` held. Exact: the query values are the
+    float64 rotated query ``exact`` (the launch's FP8 ``query_ptr`` is its rounding), K/V the cache bytes decoded
+    with the tree's format (``uq_read``)."""
+
+    def __init__(self, tree: Path, exact: torch.Tensor, launches: list) -> None:
+        self.tree, self.exact, self.launches = tree, exact, launches
+        self.fmt = vllm_tree.load_module(tree, UQ_FORMAT)
+
+    def kernel(self, name: str):
+        programs = self
+
+        class Kernel:
+            def __getitem__(self, grid):
+                def launch(**kw):
+                    programs.launches.append(dict(kernel=name, grid=tuple(int(g) for g in grid), **{
+                        k: v for k, v in kw.items() if k.isupper() or k in ("num_seqs", "scale")}))
+                    getattr(programs, name)(tuple(int(g) for g in grid), kw)
+
+                return launch
+
+        return Kernel()
+
+    # --- what one attention program reads and computes --------------------------------------------------------
+    def _program(self, kw: dict, q_block: int, kv_head: int, segment: int | None):
+        """None if the program returns early, else (rows, heads, M, L, acc) of its live rows: the running max,
+        sum and accumulator its loop ends with (float64)."""
+        qsl = [int(x) for x in kw["query_start_len_ptr"].tolist()]
+        lens = [int(x) for x in kw["seq_lens_ptr"].tolist()]
+        block_q, block_m, tile = kw["BLOCK_Q"], kw["BLOCK_M"], kw["TILE_SIZE"]
+        group, hq, window = kw["num_queries_per_kv"], kw["num_query_heads"], kw.get("SLIDING_WINDOW", 0)
+        seq = _find_seq_idx(qsl, q_block, kw["num_seqs"], block_q, True)
+        local = q_block - (qsl[seq] // block_q + seq)
+        q_len = qsl[seq + 1] - qsl[seq]
+        if local * block_q >= q_len:
+            return None
+        seq_len = lens[seq]
+        tile_lo, tile_hi = 0, None
+        if segment is not None:
+            per_segment = _cdiv(seq_len, kw["NUM_SEGMENTS_PER_SEQ"] * tile)
+            if segment * per_segment * tile >= seq_len:
+                return None
+        context = seq_len - q_len
+        prefix = min(context + local * block_q + (block_m - 1) // group + 1, seq_len)
+        num_tiles = _cdiv(prefix, tile)
+        tile_hi = num_tiles
+        if segment is not None:
+            tile_lo, tile_hi = segment * per_segment, min((segment + 1) * per_segment, num_tiles)
+        if window > 0:
+            lo = local * block_q
+            hi = min(lo + (block_m - 1) // group, q_len - 1)
+            tile_lo = max(tile_lo, max(0, (context + lo - window + 1) // tile))
+            tile_hi = min(tile_hi, (context + hi) // tile + 1)
+        m = torch.arange(block_m)
+        qpos, heads = local * block_q + m // group, kv_head * group + m % group
+        live = (qpos < q_len) & (heads < hq)
+        qpos, heads = qpos[live], heads[live]
+        rows = qsl[seq] + qpos
+        dev = self.exact.device
+        assert self.exact.shape == kw["query_ptr"].shape, "the launch's query is not the rotated query's rows"
+        sinks = (segment is None or segment == 0) and kw.get("USE_SINKS", 0)
+        M = (kw["sinks_ptr"][heads.to(dev)].double() if sinks
+             else torch.full((len(rows),), float("-inf"), dtype=torch.float64, device=dev))
+        L = torch.ones(len(rows), dtype=torch.float64, device=dev)
+        d = kw["HEAD_SIZE"]
+        acc = torch.zeros(len(rows), d, dtype=torch.float64, device=dev)
+        if tile_lo >= tile_hi:
+            return rows, heads, M, L, acc
+        pos = torch.arange(tile_lo * tile, min(tile_hi * tile, prefix), device=dev)
+        keys, values = self._read(kw, seq, kv_head, pos)
+        q = self.exact[rows.to(dev), heads.to(dev)]
+        scores = kw["scale"] * (q @ keys.T)
+        abs_pos = (context + qpos.to(dev))[:, None]
+        allowed = pos[None, :] <= abs_pos
+        if window > 0:
+            allowed &= (abs_pos - pos[None, :]) < window
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        m_new = torch.maximum(M, scores.max(1).values)
+        m_new = torch.where(m_new > float("-inf"), m_new, torch.zeros_like(m_new))
+        p = (scores - m_new[:, None]).exp()
+        L = L * (M - m_new).exp() + p.sum(1)
+        return rows, heads, m_new, L, p @ values
+
+    def _read(self, kw: dict, seq: int, kv_head: int, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(K, V) float64 (n, D) at positions ``pos`` of sequence ``seq``, KV head ``kv_head``: the slot bytes at
+        the addresses the kernel computes (block table row ``seq`` at its stride, the cache strides, the slot
+        offsets of the launch, which must be the tree format's)."""
+        d, fmt = kw["HEAD_SIZE"], self.fmt
+        assert (kw["K_SCALES_OFFSET"], kw["V_CODES_OFFSET"], kw["V_SCALES_OFFSET"]) == (
+            fmt.k_scales_offset(d), fmt.v_codes_offset(d), fmt.v_scales_offset(d)), "slot offsets not the format's"
+        table = kw["block_tables_ptr"].reshape(-1)
+        block = table[seq * kw["block_table_stride"] + torch.div(pos, kw["BLOCK_SIZE"], rounding_mode="floor")]
+        base = (block.long() * kw["stride_cache_block"] + (pos % kw["BLOCK_SIZE"]) * kw["stride_cache_pos"]
+                + kv_head * kw["stride_cache_head"])
+        slots = kw["KV_cache_ptr"][base[:, None] + torch.arange(fmt.slot_size(d), device=base.device)]
+        k, v = uq_read(self.tree, slots, d)
+        return k.double(), v.double()
+
+    # --- the three kernels -------------------------------------------------------------------------------------
+    def _head_rows(self, kw: dict, out: torch.Tensor, rows, heads) -> tuple[torch.Tensor, torch.Tensor]:
+        assert (out.stride(0), out.stride(1)) == (kw["output_stride_0"], kw["output_stride_1"])
+        return rows.to(out.device), heads.to(out.device)
+
+    def kernel_ultraquant_unified_attention_2d(self, grid, kw) -> None:
+        out = kw["output_ptr"]
+        for q_block in range(grid[0]):
+            for kv_head in range(grid[1]):
+                got = self._program(kw, q_block, kv_head, None)
+                if got is None:
+                    continue
+                rows, heads, _, L, acc = got
+                rows, heads = self._head_rows(kw, out, rows, heads)
+                out[rows, heads, : kw["HEAD_SIZE"]] = (acc / L[:, None]).to(out.dtype)
+
+    def kernel_ultraquant_unified_attention_3d(self, grid, kw) -> None:
+        for q_block in range(grid[0]):
+            for kv_head in range(grid[1]):
+                for segment in range(grid[2]):
+                    got = self._program(kw, q_block, kv_head, segment)
+                    if got is None:
+                        continue
+                    rows, heads, M, L, acc = got
+                    dev = kw["segm_output_ptr"].device
+                    rows, heads = rows.to(dev), heads.to(dev)
+                    kw["segm_output_ptr"][rows, heads, segment, : kw["HEAD_SIZE"]] = acc.float()
+                    kw["segm_max_ptr"][rows, heads, segment] = M.float()
+                    kw["segm_expsum_ptr"][rows, heads, segment] = L.float()
+
+    def reduce_segments(self, grid, kw) -> None:
+        qsl = [int(x) for x in kw["query_start_len_ptr"].tolist()]
+        lens = [int(x) for x in kw["seq_lens_ptr"].tolist()]
+        out, segments, tile, d = kw["output_ptr"], kw["NUM_SEGMENTS_PER_SEQ"], kw["TILE_SIZE"], kw["HEAD_SIZE"]
+        assert (out.stride(0), out.stride(1)) == (kw["output_stride_0"], kw["output_stride_1"])
+        for token in range(grid[0]):
+            if token >= qsl[kw["num_seqs"]]:
+                continue
+            seq_len = lens[_find_seq_idx(qsl, token, kw["num_seqs"], kw["BLOCK_Q"], False)]
+            if seq_len <= 0:
+                continue
+            per_segment = _cdiv(seq_len, segments * tile)
+            active = _cdiv(seq_len, per_segment * tile)
+            for head in range(grid[1]):
+                m = kw["segm_max_ptr"][token, head, :active].double()
+                s = kw["segm_expsum_ptr"][token, head, :active].double()
+                o = kw["segm_output_ptr"][token, head, :active, :d].double()
+                valid = (s > 0) & (m != float("-inf"))
+                if not bool(valid.any()):
+                    out[token, head, :d] = 0
+                    continue
+                w = torch.where(valid, (m - m[valid].max()).exp(), torch.zeros_like(m))
+                total = (s * w).sum()
+                acc = (o * w[:, None]).sum(0)
+                out[token, head, :d] = torch.where(total == 0, torch.zeros_like(acc), acc / total).to(out.dtype)
+
+
+UQ_KERNEL_FILE = "vllm/v1/attention/ops/ultraquant/triton_unified_attention.py"
+UQ_KERNELS = ("kernel_ultraquant_unified_attention_2d", "kernel_ultraquant_unified_attention_3d", "reduce_segments")
+
+
 def uq_kernel_stand_in(tree: Path) -> ModuleType:
-    """UltraQuant's kernel module with ``ultraquant_unified_attention`` computing what the kernel computes, in
-    float64: sequence s (query rows ``query_start_loc[s]`` .. ``[s + 1]``, q_len of them) has ``seq_lens[s]``
-    positions through ``block_table[s]``, its last q_len being its queries' own tokens, so query row i sees the
-    first ``seq_lens[s] - q_len + 1 + i`` of them (the kernel's ``context_len + query_pos``; none: a zero row);
-    the query is rotated by ``PiT`` (the stored K is), and K/V are read from the cache bytes with ``uq_read``.
-    Exact: the real kernel also rounds the rotated query to FP8 and P to bfloat16, which moves nothing a route
-    decides. Lengths, rows and block tables are read on the host: no graph runs it."""
+    """UltraQuant's kernel module with ``ultraquant_unified_attention`` the tree's own launcher, run as it is,
+    with each kernel it launches (2D, 3D split-KV, the segment reduce) computed program by program in float64
+    (``_UQPrograms``): every argument the launcher takes (``max_query_len``, ``max_seq_len``, ``num_kv_splits``,
+    ``force_2d``, ``tile_size``, ``sinks``, ``sliding_window``, ...) decides what it decides in the tree, the
+    kernel, its grid, tiles and KV segments, and every program reads what that launch gives it. Exact: the kernel
+    rounds the rotated query to FP8 and P to bfloat16; the stand-in attends with the float64 rotated query (the
+    launcher's ``PiT``, or its own rotation). The module's ``launches`` lists each kernel launch (its name, grid
+    and constexprs), for tests of the route's launches. Lengths, rows and block tables are read on the host: no
+    graph runs it."""
     tree = Path(tree).resolve()
-    ref = vllm_tree.load_module(tree, UQ_REFERENCE)
+    launcher = vllm_tree.load_module(tree, UQ_KERNEL_FILE)
+    launches: list[dict] = []
 
     def ultraquant_unified_attention(query, kv_cache, block_table, seq_lens, query_start_loc, scale, PiT=None,
-                                     output=None, sinks=None, sliding_window=None, **_):
-        assert sinks is None and not sliding_window, "the stand-in attends without sinks or a sliding window"
-        n, hq, d = query.shape
-        bs, hk = kv_cache.shape[1], kv_cache.shape[2]
-        assert hq % hk == 0 and query_start_loc.shape[0] - 1 <= block_table.shape[0]
-        rot = ref.hadamard_matrix(d, query.device) if PiT is None else PiT
-        q = query.double() @ rot.double()
-        out = torch.zeros(n, hq, d, dtype=torch.float64, device=query.device)
-        qsl = [int(x) for x in query_start_loc.tolist()]
-        lens = [int(x) for x in seq_lens.tolist()]
-        for s in range(len(qsl) - 1):
-            q_len = qsl[s + 1] - qsl[s]
-            for i in range(q_len):
-                m = lens[s] - q_len + 1 + i
-                if m <= 0:
-                    continue
-                pos = torch.arange(m, device=query.device)
-                k, v = uq_read(tree, kv_cache[block_table[s, pos // bs].long(), pos % bs], d)
-                k = k.double().repeat_interleave(hq // hk, dim=1)  # (m, Hq, D)
-                v = v.double().repeat_interleave(hq // hk, dim=1)
-                scores = torch.einsum("hd,nhd->hn", q[qsl[s] + i], k) * scale
-                out[qsl[s] + i] = torch.einsum("hn,nhd->hd", scores.softmax(-1), v)
-        if output is None:
-            output = torch.empty_like(query)
-        output[:n] = out.to(output.dtype)
-        return output
+                                     *args, **kwargs):
+        rot = launcher._get_pit(query.shape[-1], query.device, torch.float32) if PiT is None else PiT
+        programs = _UQPrograms(tree, query.double() @ rot.double(), launches)
+        with pytest.MonkeyPatch.context() as mp:
+            for name in UQ_KERNELS:
+                mp.setattr(launcher, name, programs.kernel(name))
+            return launcher.ultraquant_unified_attention(query, kv_cache, block_table, seq_lens, query_start_loc,
+                                                         scale, PiT, *args, **kwargs)
 
-    return _module("uq_kernel", ultraquant_unified_attention=ultraquant_unified_attention)
+    ultraquant_unified_attention.launches = launches
+    return _module("uq_kernel", ultraquant_unified_attention=ultraquant_unified_attention, launches=launches)
 
 
 def build_uq_cache(tree: Path, seq_lens: list[int], num_kv_heads: int, head_dim: int, block_size: int,
@@ -504,6 +691,32 @@ def build_uq_cache(tree: Path, seq_lens: list[int], num_kv_heads: int, head_dim:
         keys.append(kr @ rot)  # stored as K @ H^T, H orthonormal
         values.append(vr)
     return SimpleNamespace(kv_cache=kv_cache, block_table=block_table, keys=keys, values=values)
+
+
+VERIFY_KERNEL = "vllm/v1/attention/ops/triton_turboquant_verify.py"
+
+
+@contextlib.contextmanager
+def gpu_of(tree: Path, backend: ModuleType, max_shared: int) -> Iterator[None]:
+    """While the block runs, the backend ``backend`` (a ``load_backend`` module of ``tree``) decides its route on
+    a CUDA device whose blocks get at most ``max_shared`` bytes of shared memory: on a GPU host the device
+    itself, capped by the kernel module's own ``$VLLM_TURBOQUANT_MQ_MAX_SHARED_MEMORY``; on a CPU host a stand-in
+    CUDA device 0 (sm_90) with that limit, whose launches cannot run (the route must not probe one). Only the
+    route's decision can be made under it: no kernel of the block may launch."""
+    with pytest.MonkeyPatch.context() as mp:
+        if torch.cuda.is_available():
+            mp.setenv("VLLM_TURBOQUANT_MQ_MAX_SHARED_MEMORY", str(max_shared))
+        else:
+            limits_cls = vllm_tree.load_module(tree, VERIFY_KERNEL).TQMQLimits
+
+            def no_launch(*a, **k):
+                raise AssertionError("the stand-in CUDA device cannot launch a kernel")
+
+            mp.setattr(torch.cuda, "is_available", lambda: True)
+            mp.setattr(torch.cuda, "current_device", lambda: 0)
+            mp.setattr(backend, "tq_mq_device_limits", lambda device=None: limits_cls(max_shared, 90), raising=False)
+            mp.setattr(backend, "tq_mq_verify_probe", no_launch, raising=False)
+        yield
 
 
 def vllm_config(num_spec: int | None, num_heads: int, max_num_seqs: int = 8, splits: int = 4,
@@ -550,6 +763,49 @@ def interpreted_loads(tensor: torch.Tensor) -> Iterator[list[int]]:
         yield total
     finally:
         interpreter.InterpreterBuilder.create_masked_load = original
+
+
+def _storage_span(t: torch.Tensor) -> tuple[torch.device, int, int]:
+    storage = t.untyped_storage()
+    return t.device, storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+
+
+@contextlib.contextmanager
+def cache_launches(tensor: torch.Tensor) -> Iterator[list[tuple[str, Any]]]:
+    """Records, while the block runs, every Triton kernel launch handed a tensor that lies in ``tensor``'s
+    storage (a view of the cache included): yields the list of ``(kernel name, grid)`` it fills, in launch order
+    (the grid as launched: a tuple, or a callable's repr). Compiled (``JITFunction.run``) and interpreted
+    (``InterpretedFunction.run``) launches both; warm-up compiles are no launch. Restores both on exit."""
+    from triton.runtime import interpreter, jit
+
+    device, lo, hi = _storage_span(tensor)
+    launches: list[tuple[str, Any]] = []
+
+    def touches(arg: Any) -> bool:
+        if not isinstance(arg, torch.Tensor) or arg.device != device:
+            return False
+        _, a_lo, a_hi = _storage_span(arg)
+        return a_lo < hi and lo < a_hi
+
+    classes = (jit.JITFunction, interpreter.InterpretedFunction)
+    originals = {cls: cls.__dict__["run"] for cls in classes}
+
+    def recording(original):
+        def run(self, *args, grid, warmup, **kwargs):
+            if not warmup and any(touches(a) for a in (*args, *kwargs.values())):
+                name = getattr(getattr(self, "fn", None), "__name__", repr(self))
+                launches.append((name, tuple(grid) if isinstance(grid, (tuple, list)) else repr(grid)))
+            return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+        return run
+
+    for cls in classes:
+        cls.run = recording(originals[cls])
+    try:
+        yield launches
+    finally:
+        for cls in classes:
+            cls.run = originals[cls]
 
 
 def bare_impl(cls, num_heads: int, num_kv_heads: int, head_size: int):
