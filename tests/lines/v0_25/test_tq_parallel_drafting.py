@@ -16,7 +16,7 @@ import tq_harness
 
 # On 0.25.1's own files (the sdist, downloaded once): an integration test (tests/conftest.py's REAL_TREES
 # names the v0.33 fixtures only).
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.patch("turboquant-multi-query-verify-kernel")]
 
 HQ, HK, D = 8, 2, 128
 

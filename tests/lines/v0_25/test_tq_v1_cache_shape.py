@@ -25,7 +25,7 @@ import tq_harness
 
 import vllm_tree
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.patch("v1-turboquant-kv-cache-shape-with-its-preset")]
 
 RUNNER = "vllm/v1/worker/gpu_model_runner.py"
 ATTN_UTILS = "vllm/v1/worker/gpu/attn_utils.py"

@@ -17,7 +17,7 @@ from zero_draft import (  # noqa: F401 (collected here)
     test_runner_keeps_decodes_without_drafts_on_the_speculative_path,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.patch("gdn-zero-draft-decodes-on-the-spec-path")]
 
 
 @pytest.fixture

@@ -30,6 +30,8 @@ import pytest
 import torch
 import tq_harness
 
+pytestmark = pytest.mark.patch("gdn-align-the-gates-with-their-tokens-in-mixed-batches")
+
 GDN = "vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py"
 CLASS, METHOD = "QwenGatedDeltaNetAttention", "_forward_core"
 PREFIX = "model.layers.0.linear_attn"

@@ -20,6 +20,7 @@ OWN = (
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # pytest on each tree, as outlook runs the checks
 @pytest.mark.parametrize("name", OWN)
 def test_still_needed_on_the_release_and_obsolete_where_the_fix_is(v027_series, v027_pristine_tree, v027_tree,
                                                                     name):
@@ -35,6 +36,7 @@ FIXED_IN = {
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # pytest on each tree, as outlook runs the checks
 @pytest.mark.parametrize(("name", "version"), [(n, v) for n, vs in FIXED_IN.items() for v in vs])
 def test_obsolete_on_the_releases_that_have_the_fix(v027_series, name, version):
     pin = line_for(PROJECT, version).load().pin

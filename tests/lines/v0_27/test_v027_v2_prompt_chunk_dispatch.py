@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.patch("v2-prompt-chunks-out-of-uniform-decode-graphs")]
 
 RUNNER = "vllm/v1/worker/gpu/model_runner.py"
 K = 3

@@ -44,8 +44,10 @@ import tq_harness
 import vllm_tree
 from references import TQLayout, build_tq_cache, tq_verify_ref
 
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"),
+    pytest.mark.patch("turboquant-draft-decode-metadata-in-place"),
+]
 
 # The verify route tests' backend and config (K = 3 draft tokens; Hk 2 x G 2 query heads of 64), and fixtures.
 K, HK, HQ, D, BLOCK, SCALE, TOL = route.K, route.HK, route.HQ, route.D, route.BLOCK, route.SCALE, route.TOL

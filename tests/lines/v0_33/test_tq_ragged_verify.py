@@ -38,8 +38,10 @@ import tq_harness
 import vllm_tree
 from references import TQLayout, build_tq_cache, tq_attention_ref
 
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"),
+    pytest.mark.patch("turboquant-mixed-length-decodes-in-one-launch"),
+]
 
 K, K1, HK, HQ, D, BLOCK, SCALE = route.K, route.K1, route.HK, route.HQ, route.D, route.BLOCK, route.SCALE
 DEVICE, CENTROIDS, _spec, _mismatch = route.DEVICE, route.CENTROIDS, route._spec, route._mismatch

@@ -40,6 +40,8 @@ import test_tq_verify_route as route
 import torch
 import tq_harness
 
+pytestmark = pytest.mark.patch("ultraquant-verify-in-full-cudagraphs")
+
 K, K1, HK, HQ, D, BLOCK, SCALE = route.K, route.K1, route.HK, route.HQ, route.D, route.BLOCK, route.SCALE
 DEVICE, UQ, _spec, _mismatch = route.DEVICE, route.UQ, route._spec, route._mismatch
 tree, config, tq = route.tree, route.config, route.tq
