@@ -131,7 +131,7 @@ def judge(line: str, series: Series, patch: Patch, base: Path, cache: VerdictCac
     verdict = Verdict(line, patch.name, left_out)
     folders = JUDGED_BY[line]
     h = hashlib.sha256(f"{series.pin.sdist.sha256}\0{line}\0{slug(patch.name)}\0{folders}".encode())
-    for p in kept:
+    for p in (*kept, patch):  # the tree, and what it leaves out
         h.update(p.raw)
     key = hashlib.sha256(f"removal\0{h.hexdigest()}\0{code_digest(PROJECT)}".encode()).hexdigest()
     start = time.monotonic()

@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
@@ -26,10 +27,10 @@ STACK = ("torch", "triton", "numpy", "pytest")
 VERSION = 1
 
 
-def _files_digest(root: Path, patterns: tuple[str, ...]) -> str:
+def _files_digest(root: Path, patterns: tuple[str, ...], skip: Callable[[Path], bool] = lambda rel: False) -> str:
     h = hashlib.sha256()
     for path in sorted(p for pattern in patterns for p in root.rglob(pattern) if p.is_file()):
-        if "__pycache__" in path.parts:
+        if "__pycache__" in path.parts or skip(path.relative_to(root)):
             continue
         h.update(str(path.relative_to(root)).encode() + b"\0")
         h.update(hashlib.sha256(path.read_bytes()).digest())
@@ -42,12 +43,24 @@ def tree_digest(tree: Path) -> str:
     return _files_digest(tree, ("*",))
 
 
+# Test folders no line's test imports (the tool's own, the virtualenv and GPU tooling's, the reports): a change
+# there keeps every verdict. The project's top-level test files are left out too, save the one a check names.
+UNRELATED = ("integration", "guard", "gpu_fit", "benchmarks", "targets", "gpu/reports")
+
+
+def _unrelated(rel: Path) -> bool:
+    return (len(rel.parts) == 1 and rel.name.startswith("test_")) or any(
+        rel.parts[: len(Path(u).parts)] == Path(u).parts for u in UNRELATED)
+
+
 @lru_cache(maxsize=8)
 def code_digest(project: Path) -> str:
-    """The project's tests (code and the data they read) and the tool package they import, with the versions
-    of the stack they run on."""
+    """The project's tests that a line's tests can import (code and the data they read) and the tool package
+    they import, with the versions of the stack they run on."""
     h = hashlib.sha256(f"v{VERSION} {sys.version}".encode())
-    h.update(_files_digest(project / "tests", ("*.py", "*.diff", "*.json", "*.txt")).encode())
+    h.update(_files_digest(project / "tests", ("*.py", "*.diff", "*.json", "*.txt"), _unrelated).encode())
+    pyproject = project / "pyproject.toml"  # the pytest settings
+    h.update(hashlib.sha256(pyproject.read_bytes() if pyproject.is_file() else b"").digest())
     h.update(_files_digest(Path(__file__).resolve().parents[1], ("*.py",)).encode())
     for name in STACK:
         try:
@@ -55,6 +68,14 @@ def code_digest(project: Path) -> str:
         except metadata.PackageNotFoundError:
             h.update(f"{name}=-".encode())
     return h.hexdigest()
+
+
+def node_digest(project: Path, node: str) -> str:
+    """The file (or folder) a check names, which code_digest may leave out."""
+    path = project / node.split("::", 1)[0]
+    if path.is_dir():
+        return _files_digest(path, ("*.py",))
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "-"
 
 
 class VerdictCache:
@@ -65,7 +86,8 @@ class VerdictCache:
         self.enabled = os.environ.get(ENV_OFF, "") in ("", "0")
 
     def key(self, project: Path, tree: Path, node: str) -> str:
-        return hashlib.sha256(f"{tree_digest(tree)}\0{code_digest(project)}\0{node}".encode()).hexdigest()
+        return hashlib.sha256(f"{tree_digest(tree)}\0{code_digest(project)}\0{node}\0"
+                              f"{node_digest(project, node)}".encode()).hexdigest()
 
     def get(self, key: str) -> tuple[bool, str] | None:
         if not self.enabled:
