@@ -47,7 +47,7 @@ image-base: wheel ## a local stand-in for vllm/vllm-openai (Debian + the real wh
 	@scripts/image-base "$$($(BIN)/python -c 'from pathlib import Path; from vllm_patch.series import load_series; from vllm_patch.infrastructure.downloads import fetch; print(fetch(load_series(Path("$(LINE_DIR)")).pin.wheel, quiet=True))')" localhost/vllm-base:$(PIN_VERSION)
 
 lint: $(DEV) ## ruff and hadolint
-	$(BIN)/ruff check tool tests benchmarks guard devtools
+	$(BIN)/ruff check tool tests benchmarks guard devtools gpu
 	$(BIN)/hadolint --failure-threshold warning Dockerfile
 
 # An empty cache and an index nobody answers: a test of this tier that reaches for the network fails.
@@ -73,25 +73,25 @@ bench: $(DEV) ## benchmark check/apply/revert on the real vLLM tree
 	$(BIN)/python benchmarks/bench_core.py
 
 gpu-bundle: $(DEV) ## make the offline bundle for a GPU host in .gpu/ (line v0.20: slimmed pinned wheel + the wheels it needs)
-	$(BIN)/python tests/gpu/bundle.py --out .gpu
+	$(BIN)/python gpu/bundle.py --out .gpu
 
 gpu-kernel-pack: $(DEV) ## make the small pack for kernel-level GPU runs in .gpu/kt (line v0.20's sources + patched, no wheel)
-	$(BIN)/python tests/gpu/kernel_pack.py --out .gpu/kt
+	$(BIN)/python gpu/kernel_pack.py --out .gpu/kt
 
 gpu-stack-bundle: $(DEV) ## a release line's own torch/triton/NCCL/vLLM (or vLLM on the host's torch) for a GPU host, in .gpu/vX.Y/pNN (LINE=current default)
-	$(BIN)/python tests/gpu/stack_bundle.py --line $(or $(LINE),current) $(STACK_ARGS)
+	$(BIN)/python gpu/stack_bundle.py --line $(or $(LINE),current) $(STACK_ARGS)
 	$(BIN)/pip wheel -q --disable-pip-version-check . -w .gpu/tool-wheels
 
 gpu-test: ## on a GPU host: assemble .gpu/ (line v0.20), kernel tests and scenarios on both trees, report to tests/gpu/reports
-	tests/gpu/host.sh stage .gpu/p*
-	tests/gpu/host.sh all
+	gpu/host.sh stage .gpu/p*
+	gpu/host.sh all
 
 .PHONY: gpu-fit guard
 guard: setup ## build the guard's wheel into dist/ (install it into vLLM's environment: a warning at every start)
 	$(BIN)/pip wheel -q --disable-pip-version-check --no-deps -w dist ./guard
 
 gpu-fit: $(DEV) ## compile the multi-query verify kernel for every GPU target on CPU (both lines; PyPI for Triton 3.8): docs/gpu-fit-triton-*.md
-	$(BIN)/python tests/gpu_fit/run_full.py $(GPU_FIT_ARGS)
+	$(BIN)/python gpu/fit/run_full.py $(GPU_FIT_ARGS)
 
 clean: ## remove the venv and build leftovers (not the download cache)
 	rm -rf $(VENV) build dist tool/*.egg-info .pytest_cache .ruff_cache

@@ -48,7 +48,7 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     console = Console()
-    pin = load_series(HERE.parent / "lines" / "v0.20").pin  # the release (0.20.0) tests/realvllm.py edits
+    pin = load_series(HERE.parent / "lines" / "v0.20").pin  # the release (0.20.0) tests/support/realvllm.py edits
     tree = pinned_base_tree(pin)
     venv = cache_root() / "bench-venv"
     if not (venv / "bin/python").exists():

@@ -34,7 +34,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,10,30")
     parser.add_argument("--start", type=int, default=300, help="first line the patches mark in each file")
     args = parser.parse_args()
-    pin = load_series(HERE.parent / "lines" / "v0.20").pin  # the release (0.20.0) tests/realvllm.py edits
+    pin = load_series(HERE.parent / "lines" / "v0.20").pin  # the release (0.20.0) tests/support/realvllm.py edits
     tree = pinned_base_tree(pin)
     cache = UpstreamCache()
     old, new = cache.from_sdist(pin.tag), cache.from_sdist("v0.21.0")

@@ -42,11 +42,11 @@ The comparisons (`--group`):
   path, what users run). The KV cache is sized to hold every prompt of the largest batch, so
   prefix caching leaves each run to decode.
 
-Every engine of a group is booted at once (tests/gpu/harness/interleave.py), warmed up, then run in
+Every engine of a group is booted at once (gpu/harness/interleave.py), warmed up, then run in
 rounds, the order rotating each round; a run decodes for at least `--min-seconds` (whole passes of
 the batch). Printed per configuration and batch size: output tokens/s min / median / max over the
 rounds, and the ratio of medians to the group's baseline. Figures, no assertions. Needs a CUDA GPU
-and the trees of tests/gpu/host.sh; `tests/gpu/host.sh bench` runs it.
+and the trees of gpu/host.sh; `gpu/host.sh bench` runs it.
 
     python benchmarks/bench_spec_e2e.py --group llama --tree unpatched=DIR --tree patched=DIR --path SITE
     python benchmarks/bench_spec_e2e.py --group verify --context 32768 --tree unpatched=DIR --tree patched=DIR
@@ -63,7 +63,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests" / "gpu"))
+sys.path.insert(0, str(HERE.parent / "gpu"))
 
 from harness.drafts import first_difference  # noqa: E402
 from harness.interleave import Fleet, ratio_of_medians, rotations, spread  # noqa: E402

@@ -24,9 +24,9 @@ in rotating order, each run at least `--min-seconds` of whole passes. Printed pe
 batch: output tokens/s min / median / max, the ratios of medians to the baseline and to no speculation,
 the acceptance length (tokens a step emits: 1 + accepted drafts per draft round) and first-position
 acceptance over all runs, and the median engine-step time (min / median / max over the runs' medians).
-Figures, no assertions. Needs a CUDA GPU and the trees of tests/gpu/stack.sh, which runs it:
+Figures, no assertions. Needs a CUDA GPU and the trees of gpu/stack.sh, which runs it:
 
-    tests/gpu/stack.sh users v0.33 --preset k8v4
+    gpu/stack.sh users v0.33 --preset k8v4
     python benchmarks/bench_users_geometry.py --tree unpatched=DIR --tree patched=DIR --preset 4bit_nc
 """
 
@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests" / "gpu"))
+sys.path.insert(0, str(HERE.parent / "gpu"))
 
 from harness.acceptance import acceptance_length, first_position_rate  # noqa: E402
 from harness.interleave import Fleet, ratio_of_medians, rotations, spread  # noqa: E402

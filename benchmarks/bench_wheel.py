@@ -39,7 +39,7 @@ def main() -> None:
     parser.add_argument("--patches", type=int, default=10)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    pin = load_series(HERE.parent / "lines" / "v0.20").pin  # the release (0.20.0) tests/realvllm.py edits
+    pin = load_series(HERE.parent / "lines" / "v0.20").pin  # the release (0.20.0) tests/support/realvllm.py edits
     wheel = fetch(pin.wheel)
     work = Path(tempfile.mkdtemp(prefix="vllm-patch-bench-wheel-"))
     try:

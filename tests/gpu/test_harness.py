@@ -1,5 +1,5 @@
 """The harness's pure parts: judging results, selecting scenarios, slimming and splitting
-the bundle. The GPU runs themselves happen on a GPU host (tests/gpu/host.sh)."""
+the bundle. The GPU runs themselves happen on a GPU host (gpu/host.sh)."""
 
 from __future__ import annotations
 
@@ -367,7 +367,7 @@ def test_an_engines_environment_reaches_its_process_and_its_identity(tmp_path, m
 def test_the_recorded_command_names_neither_the_harness_path_nor_the_report_folder():
     from harness.__main__ import portable_command
 
-    argv = ["/some/checkout/tests/gpu/harness/__main__.py", "run", "--tree", "patched=/x/p", "--out", "/r",
+    argv = ["/some/checkout/gpu/harness/__main__.py", "run", "--tree", "patched=/x/p", "--out", "/r",
             "--scenarios", "a", "--out=/r2", "--title", "two words"]
     assert portable_command(argv) == "python -m harness run --tree patched=/x/p --scenarios a --title 'two words'"
 

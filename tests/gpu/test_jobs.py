@@ -1,4 +1,4 @@
-"""tests/gpu/jobs.sh: detached runs that outlive the command starting them, their status and logs."""
+"""gpu/jobs.sh: detached runs that outlive the command starting them, their status and logs."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
-JOBS_SH = Path(__file__).parent / "jobs.sh"
+JOBS_SH = Path(__file__).resolve().parents[2] / "gpu" / "jobs.sh"
 
 
 def _jobs(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:

@@ -1,6 +1,6 @@
 """The stack bundle's pure parts on CPU, without network: synthetic wheels through slimming, the xz streams, the
 split, the manifest and the host's assembly (stack_parts.py and stack.sh); and every recipe against its release's
-Requires-Dist (tests/gpu/requires/, copied from the wheels' METADATA)."""
+Requires-Dist (gpu/requires/, copied from the wheels' METADATA)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from stack_bundle import (
 )
 from stack_parts import StackError, assemble, check
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[2] / "gpu"  # the stack bundle's scripts
 STACK_SH = HERE / "stack.sh"
 REQUIRES = HERE / "requires"
 
@@ -224,7 +224,7 @@ def test_v025_deps_are_v027s_less_the_hosts():
     assert left <= set(HOST_PACKAGES)
 
 
-# The release each stack is pinned to (its tests/gpu/requires/vllm-X.Y.Z.txt).
+# The release each stack is pinned to (its gpu/requires/vllm-X.Y.Z.txt).
 RELEASES = {"v0.25": "0.25.1", "v0.27": "0.27.1", "v0.32": "0.32.0", "v0.33": "0.33.0"}
 # The requirement markers of the host: CPython 3.12 on x86_64 Linux, no extras.
 HOST_ENV = {"python_version": "3.12", "python_full_version": "3.12.3", "platform_machine": "x86_64",
@@ -285,7 +285,7 @@ def test_a_recipe_against_its_release_is_caught():
 @pytest.mark.integration
 @pytest.mark.parametrize(("stack", "version"), sorted(RELEASES.items()))
 def test_requires_are_the_wheels(stack, version):
-    """tests/gpu/requires/ holds each pinned wheel's own Requires-Dist (the wheel from the index, checked against
+    """gpu/requires/ holds each pinned wheel's own Requires-Dist (the wheel from the index, checked against
     the line's pinned sha256, downloaded once and cached)."""
     from vllm_patch.infrastructure.downloads import fetch
 

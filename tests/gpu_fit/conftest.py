@@ -12,14 +12,10 @@ its own made once under the cache directory (PyPI, so those tests are ``integrat
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from fitsupport import LINES, kernel_file, triton_python  # noqa: E402
+from fitsupport import LINES, kernel_file, triton_python
 
 
 @pytest.fixture(scope="session")

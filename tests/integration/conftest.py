@@ -12,7 +12,7 @@ from vllm_patch.infrastructure.downloads import fetch, pinned_base_tree
 from vllm_patch.lines import line_named
 
 PROJECT = Path(__file__).resolve().parents[2]
-# The line whose release (0.20.0) the sample series of tests/realvllm.py edit.
+# The line whose release (0.20.0) the sample series of tests/support/realvllm.py edit.
 LINE = "v0.20"
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 # The pin of the project's release line v0.20 (only its '#:' lines, less the later releases it declares with
 # '#: also'), so test series pin what a real one pins: vLLM 0.20.0, whose real sdist and wheel the integration
-# tests edit (tests/realvllm.py).
+# tests edit (tests/support/realvllm.py).
 PIN_LINES = "".join(line + "\n" for line in
                     (Path(__file__).resolve().parents[2] / "lines" / "v0.20" / "series").read_text().splitlines()
                     if line.startswith("#:") and not line.startswith("#: also"))

@@ -22,7 +22,7 @@ from vllm_patch.series import Series
 from vllm_patch.targets.tree import TreeTarget
 
 PROJECT = Path(__file__).resolve().parents[2]
-# The release line whose patches tests/kernels, tests/turboquant, tests/tq_hybrid and tests/gdn test.
+# The release line whose patches tests/lines/v0_20 tests.
 LINE = "v0.20"
 
 

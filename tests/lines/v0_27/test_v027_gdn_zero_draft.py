@@ -1,4 +1,4 @@
-"""Patch 0006 on 0.27.1: decodes without drafts stay speculative rows (tests/lines/zero_draft.py).
+"""Patch 0006 on 0.27.1: decodes without drafts stay speculative rows (tests/support/zero_draft.py).
 
 The patch's ``Obsolete-If: test`` check: on a newer release's unpatched tree (vLLM 0.32.0 on, which routes these
 rows so, vllm PR #56531) the same tests run that tree's own runner and GDN builder. The builder stand-in holds

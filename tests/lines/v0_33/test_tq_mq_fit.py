@@ -19,7 +19,7 @@
    to the byte, what the largest launches need (rows x heads x head dim x dtype size, worked out here from the
    batch limits and the launches' split rule).
 6. The lower bound of the staged bytes is what Triton compiles: the kernel compiled ahead of time for sm_90
-   (``triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))``, tests/gpu_fit/fitmatrix.py's compile of
+   (``triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))``, gpu/fit/fitmatrix.py's compile of
    the probe's launch) needs exactly that much shared memory (``metadata.shared``).
 """
 
@@ -107,7 +107,7 @@ def test_a100_takes_narrower_steps_at_64_rows_of_4bit_keys(mq):
     assert mq.tq_mq_verify_candidates(16, 4, 128, 3, False, _limits(mq, A100))[0].block_n == 64
 
 
-# (BLOCK_M, head dim, MSE bits) -> a geometry and K+1 of tests/gpu_fit/fitmatrix.py whose K1 x G rows take that
+# (BLOCK_M, head dim, MSE bits) -> a geometry and K+1 of gpu/fit/fitmatrix.py whose K1 x G rows take that
 # BLOCK_M: 16 x 128 (Llama-8B, G 4, K+1 4), 32 x 128 (Qwen3-30B, G 8), 64 x 128 (Llama-8B, K+1 16), 16 x 256
 # (Qwen3.6-27B, G 6, K+1 2: 12 rows), 32 x 256 (K+1 4: 24 rows).
 COMPILED_TILES = {(16, 128, 4): ("Llama-3.1-8B", 4), (32, 128, 4): ("Qwen3-30B-A3B", 4),

@@ -38,7 +38,7 @@ from references import build_tq_cache, tq_verify_ref, tq_verify_rows
 VERIFY = "vllm/v1/attention/ops/triton_turboquant_verify.py"
 DECODE = "vllm/v1/attention/ops/triton_turboquant_decode.py"
 D = 128
-# Float16 outputs; the kernel rounds softmax weight x value scale to float16 (tests/kernels/
+# Float16 outputs; the kernel rounds softmax weight x value scale to float16 (tests/lines/v0_20/kernels/
 # test_turboquant_mq_verify.py explains the bound).
 TOL = dict(atol=3e-3, rtol=1e-2)
 # The kernels run where the cache lies: compiled on a GPU, interpreted on CPU.

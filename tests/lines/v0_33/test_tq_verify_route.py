@@ -57,8 +57,8 @@ SCALE = 1 / math.sqrt(D)
 LENS = [37, 54, 23]
 # The host bound under async scheduling: every draft of the previous step assumed accepted (at most K more).
 HOST_EXCESS = [2, 3, 1]
-# Float16 outputs (tests/kernels/test_turboquant_mq_verify.py explains the bound); UltraQuant's bfloat16 outputs of
-# its exact stand-in kernel round by at most 2^-9 relative.
+# Float16 outputs (tests/lines/v0_20/kernels/test_turboquant_mq_verify.py explains the bound); UltraQuant's
+# bfloat16 outputs of its exact stand-in kernel round by at most 2^-9 relative.
 TOL = dict(atol=3e-3, rtol=1e-2)
 UQ = "ultraquant_4bit"
 # The presets the route checks of patch 0001 run on: its TurboQuant and UltraQuant halves.

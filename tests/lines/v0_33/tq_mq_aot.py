@@ -1,7 +1,7 @@
 """Compiles the multi-query verify kernel ahead of time for one CUDA target, in an interpreter of its own.
 
 A test process on a CPU host runs Triton's interpreter (``TRITON_INTERPRET=1``), whose ``triton.language`` can no
-longer compile; this script runs without it. It loads a kernel file with tests/gpu_fit/fitmatrix.py
+longer compile; this script runs without it. It loads a kernel file with gpu/fit/fitmatrix.py
 (``load_kernel``: no torch, no vLLM) and compiles ``_tq_mq_verify_fwd`` as the probe launches it
 (``fitmatrix.probe_args``, ``fitmatrix.compile_kernel``: ``triton.compile(ASTSource(...),
 target=GPUTarget(...))``) for each case read from stdin, a JSON list of ``[block_m, block_n, head_dim, preset,

@@ -6,7 +6,7 @@ base when it has at least one such trailer and every one of them holds there::
 
     Obsolete-If: vllm/v1/worker/gpu_model_runner.py contains "use_spec_decode = self.speculative_config is not None"
     Obsolete-If: vllm/v1/attention/backends/gdn_attn.py matches "spec_token_indx\\s*=\\s*.*index_select"
-    Obsolete-If: test "tests/gdn/test_gdn_builder.py::test_zero_draft_rows"
+    Obsolete-If: test "tests/lines/v0_20/gdn/test_gdn_builder.py::test_zero_draft_rows"
 
 A patch that does more than one thing names its parts: a check may begin with a
 part in brackets, ``Obsolete-If: [graph safety] test "tests/...::test_x"``; checks

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.patch(
 )
 
 pytest.importorskip("vllm", reason="needs an importable, patched vLLM: run on the GPU host by "
-                                   "tests/gpu/host.sh kernels; test_gdn_builder.py runs the same cases on CPU")
+                                   "gpu/host.sh kernels; test_gdn_builder.py runs the same cases on CPU")
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

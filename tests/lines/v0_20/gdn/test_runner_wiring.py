@@ -21,8 +21,9 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import runner_dispatch
 import verify_dispatch
-from verify_dispatch import RUNNER, function
+from verify_dispatch import OTHER_SHAPES, PROMPT_CHUNK_BATCHES, RUNNER, VERIFY_BATCHES, function
 
 pytestmark = pytest.mark.patch(
     "gdn-recover-conv-and-ssm-state-after-spec-decode",
@@ -194,17 +195,24 @@ def test_draft_rows_need_drafts_plus_one_scheduled_tokens(draft_marks):
 
 
 @pytest.fixture(scope="module")
-def uniform_dispatch(runner_source):
-    return verify_dispatch.uniform_dispatch(runner_source)
+def uniform(patched_tree: Path):
+    """Whether a batch replays the FULL graph of verify batches, decided by the tree's own runner code
+    (``runner_dispatch``, as the current line's 0004 is judged): on the release a prompt chunk of the verify
+    shape does."""
+    return runner_dispatch.uniform_decode(patched_tree)
 
 
-def test_verify_batches_replay_the_uniform_decode_graph(uniform_dispatch):
-    verify_dispatch.assert_verify_batches_replay(uniform_dispatch)
+def test_verify_batches_replay_the_uniform_decode_graph(uniform):
+    for scheduled, drafts, k in VERIFY_BATCHES:
+        assert uniform(scheduled, drafts, k), (scheduled, drafts)
 
 
-def test_a_prompt_chunk_of_the_verify_shape_is_a_mixed_batch(uniform_dispatch):
-    verify_dispatch.assert_prompt_chunks_are_mixed(uniform_dispatch)
+def test_a_prompt_chunk_of_the_verify_shape_is_a_mixed_batch(uniform):
+    for scheduled, drafts, k in PROMPT_CHUNK_BATCHES:
+        assert not uniform(scheduled, drafts, k), f"{scheduled} with drafts {drafts} replays the verify graph"
 
 
-def test_batches_of_other_shapes_are_left_to_the_release(uniform_dispatch):
-    verify_dispatch.assert_other_shapes_left_alone(uniform_dispatch)
+def test_batches_of_other_shapes_are_left_to_the_release(uniform):
+    for scheduled, drafts, k in OTHER_SHAPES:
+        assert not uniform(scheduled, drafts, k), (scheduled, drafts)
+    assert uniform([1, 1, 1], {}, 0), "one-token decodes without speculation lost their FULL graphs"

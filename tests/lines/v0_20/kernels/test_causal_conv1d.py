@@ -24,7 +24,7 @@ TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float16: dict(atol=1e-2,
        torch.bfloat16: dict(atol=3e-2, rtol=3e-2)}
 # Triton's interpreter computes with bfloat16 tensors' raw bits (as if they were another type).
 NO_BF16 = pytest.mark.skipif(interpreted(), reason="the Triton interpreter returns NaN for this bfloat16 conv "
-                             "(NumPy has no bfloat16); it runs on the GPU host (tests/gpu/host.sh kernels)")
+                             "(NumPy has no bfloat16); it runs on the GPU host (gpu/host.sh kernels)")
 
 
 @pytest.fixture(params=["pristine", "patched"])

@@ -116,7 +116,7 @@ def _decode_cases():
         yield pytest.param(*case, id=f"{case[0][11:]}-bs{case[1]}-gqa{case[2][0] // case[2][1]}")
     slow = pytest.mark.skipif(not torch.cuda.is_available(),
                               reason="large case: too slow under the Triton interpreter; runs on the GPU host "
-                                     "(tests/gpu/host.sh kernels)")
+                                     "(gpu/host.sh kernels)")
     for case in gpu:
         yield pytest.param(*case, id=f"gpu-{case[0][11:]}-bs{case[1]}-h{case[2][0]}x{case[2][1]}-s{case[4]}-"
                                      f"{str(case[5])[6:]}", marks=slow)

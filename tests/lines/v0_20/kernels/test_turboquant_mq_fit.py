@@ -37,7 +37,7 @@ pytestmark = pytest.mark.patch("turboquant-multi-query-verify-kernel")
 VERIFY = "vllm/v1/attention/ops/triton_turboquant_verify.py"
 PROJECT = Path(__file__).resolve().parents[4]
 CUDA = torch.cuda.is_available()
-GPU_ONLY = "compiles for this GPU: runs on the GPU host (tests/gpu/host.sh kernel-pack)"
+GPU_ONLY = "compiles for this GPU: runs on the GPU host (gpu/host.sh kernel-pack)"
 MSE_BITS = {"k8v4": 0, "4bit_nc": 4, "k3v4_nc": 3, "3bit_nc": 3}
 # (preset, head dim, G, K+1): Qwen3.6-27B (24/4 heads: G 6, at TP 1 and 2) and Qwen3-Next (16/2: G 8) at D 256
 # with MTP K = 1, 3, 7; Llama-8B (32/8: G 4) and a G-8 model at D 128.

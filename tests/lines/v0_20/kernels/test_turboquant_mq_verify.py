@@ -39,7 +39,7 @@ VERIFY = "vllm/v1/attention/ops/triton_turboquant_verify.py"
 DECODE = "vllm/v1/attention/ops/triton_turboquant_decode.py"
 PRESETS = ["k8v4", "4bit_nc", "k3v4_nc", "3bit_nc"]
 CUDA = torch.cuda.is_available()
-GPU_ONLY = "runs on the GPU host (tests/gpu/host.sh kernels): too slow under the CPU interpreter"
+GPU_ONLY = "runs on the GPU host (gpu/host.sh kernels): too slow under the CPU interpreter"
 
 # See the module docstring. bfloat16 outputs round to 8 bits: one bf16 ulp at 1 is 2**-7.
 TOL = {torch.float16: dict(atol=3e-3, rtol=1e-2), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}

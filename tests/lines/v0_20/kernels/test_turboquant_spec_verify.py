@@ -280,7 +280,7 @@ def test_padding_and_capture_rows(patched_ops, device, preset):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graph capture needs a GPU; runs on the GPU host "
-                    "(tests/gpu/host.sh kernels)")
+                    "(gpu/host.sh kernels)")
 @pytest.mark.parametrize("preset", PRESETS)
 def test_routed_call_in_cuda_graph(patched_ops, pristine_ops, preset):
     device = "cuda"

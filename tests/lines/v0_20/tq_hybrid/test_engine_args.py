@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 import logging
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,8 +17,7 @@ import pytest
 import transformers
 from tree_exec import exec_block, find_statement
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "gpu"))
-from harness.models import LLAMA6, QWEN3_NEXT12  # noqa: E402
+from harness.models import LLAMA6, QWEN3_NEXT12
 
 pytestmark = pytest.mark.patch("turboquant-on-hybrid-attention-gdn-models")
 

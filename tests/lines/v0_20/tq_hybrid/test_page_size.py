@@ -15,7 +15,6 @@ Each plan runs the tree's own ``_align_hybrid_block_size``, ``Attention.get_kv_c
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,8 +22,7 @@ import torch
 import transformers
 from hybrid_plan import Model, check_layout, plan
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "gpu"))
-from harness.models import QWEN3_NEXT12  # noqa: E402  (the model of GPU scenario b-tq-hybrid-gdn)
+from harness.models import QWEN3_NEXT12  # the model of GPU scenario b-tq-hybrid-gdn
 
 pytestmark = pytest.mark.patch("turboquant-on-hybrid-attention-gdn-models")
 

@@ -11,17 +11,14 @@ The functions live in ``turboquant/config.py``, a pure-Python file loaded from e
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import transformers
 
+from harness.models import QWEN3_NEXT12  # the model of GPU scenario b-tq-hybrid-gdn
 from vllm_tree import load_module
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "gpu"))
-from harness.models import QWEN3_NEXT12  # noqa: E402  (the model of GPU scenario b-tq-hybrid-gdn)
 
 pytestmark = pytest.mark.patch("turboquant-on-hybrid-attention-gdn-models")
 

@@ -1,6 +1,6 @@
 """Run pieces of vLLM's config and KV-cache planning code from a source tree, without the ``vllm`` package.
 
-``vllm_tree.load_module`` (tests/kernels) loads a file whose imports are all loadable on their own.
+``vllm_tree.load_module`` (tests/lines/v0_20/kernels) loads a file whose imports are all loadable on their own.
 The code this directory tests is not in such files: the TurboQuant skip list is computed inside
 ``EngineArgs.create_engine_config``, the hybrid page alignment is a method of ``Platform``, the
 KV cache grouping lives in ``kv_cache_utils`` next to the request and hashing machinery. So:

@@ -499,7 +499,7 @@ def test_builder_cudagraph_support(patch1_tree, patched_tree, device):
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA graph capture needs a GPU; runs on the GPU host "
-                    "(tests/gpu/host.sh kernels)")
+                    "(gpu/host.sh kernels)")
 @pytest.mark.parametrize("attention_kernel", ["multi_query", "decode"])
 @pytest.mark.parametrize("preset", ["k8v4", "4bit_nc", "3bit_nc"])
 def test_forward_in_cuda_graph(patched_tree, pristine_tree, preset, attention_kernel):
@@ -574,5 +574,5 @@ def test_forward_in_cuda_graph(patched_tree, pristine_tree, preset, attention_ke
         want = run_forward(pristine, batch, device, preset)  # v0.20 eager, per request
         if attention_kernel == "decode":
             assert_same(got, want, preset)
-        else:  # float16 dot operands (see tests/kernels/test_turboquant_mq_verify.py)
+        else:  # float16 dot operands (see tests/lines/v0_20/kernels/test_turboquant_mq_verify.py)
             torch.testing.assert_close(got.float(), want.float(), **TOL)

@@ -205,4 +205,4 @@ def test_the_multi_query_kernel_is_the_default_and_the_stand_in_envs_agree(patch
     assert _env_default(pristine_tree, "VLLM_TURBOQUANT_ATTENTION_KERNEL") is None
     default = _env_default(patched_tree, "VLLM_TURBOQUANT_ATTENTION_KERNEL")
     assert default == "multi_query"
-    assert _Settings().attention_kernel == default, "tests/turboquant's vllm.envs stand-in must default like vLLM"
+    assert _Settings().attention_kernel == default, "the vllm.envs stand-in must default like vLLM"

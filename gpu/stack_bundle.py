@@ -5,21 +5,21 @@ The host has CUDA torch 2.11 and triton 3.6 (vLLM 0.20's stack); vLLM 0.33 pins 
 3.8, and vLLM 0.32 torch 2.13.0, which needs triton 3.7.1. The bundle carries a whole private site dir, unpacked
 here from the wheels (slimmed) so the host needs neither pip nor xz: torch and triton, the nvidia-* libraries the
 line's torch pins that the host's (torch 2.11's pins) cannot stand in for, the line's pinned vLLM wheel (slimmed as
-tests/gpu/bundle.py does, and more), and the pure-Python packages the line needs newer than the host's. One tar, cut
+gpu/bundle.py does, and more), and the pure-Python packages the line needs newer than the host's. One tar, cut
 at the components' borders into separately xz-compressed streams (so the manifest gives each component's compressed
 size), split into parts of at most 60 MiB in out/p01, out/p02, ...; every part folder holds the manifest (sha256 of
-the archive and of each part). `tests/gpu/stack.sh` stages, checks and unpacks it there into a prefix of its own,
+the archive and of each part). `gpu/stack.sh` stages, checks and unpacks it there into a prefix of its own,
 never touching the host's torch.
 
-    python tests/gpu/stack_bundle.py --line current                # .gpu/v0.33/p01 ...
-    python tests/gpu/stack_bundle.py --line v0.33 --with cudnn     # the same line; also ship cuDNN 9.24 (~9 parts more)
-    python tests/gpu/stack_bundle.py --line v0.32                  # lines/v0.32: .gpu/v0.32/p01 ...
-    python tests/gpu/stack_bundle.py --line v0.27                  # lines/v0.27 (torch 2.13.0, as v0.32)
-    python tests/gpu/stack_bundle.py --line v0.25                  # lines/v0.25: on the host's torch 2.11.0
+    python gpu/stack_bundle.py --line current                # .gpu/v0.33/p01 ...
+    python gpu/stack_bundle.py --line v0.33 --with cudnn     # the same line; also ship cuDNN 9.24 (~9 parts more)
+    python gpu/stack_bundle.py --line v0.32                  # lines/v0.32: .gpu/v0.32/p01 ...
+    python gpu/stack_bundle.py --line v0.27                  # lines/v0.27 (torch 2.13.0, as v0.32)
+    python gpu/stack_bundle.py --line v0.25                  # lines/v0.25: on the host's torch 2.11.0
 
 --line is `current` (the top-level series, pinned to vLLM 0.33.0 now), a folder of lines/, or vX.Y: the line pinned
 to vLLM X.Y wherever it lives. A stack is named after its line's release (v0.33), whichever line that is now: the
-output folder, the manifest and tests/gpu/stack.sh's prefix use that name.
+output folder, the manifest and gpu/stack.sh's prefix use that name.
 
 What travels, and why (v0.33; figures from the wheels' METADATA and their ELF symbols, torch 2.14.0+cu130):
 - NCCL 2.30.7: libtorch_cuda.so 2.14 needs 11 functions NCCL 2.28.9 (torch 2.11's pin, the host's) lacks
@@ -46,7 +46,7 @@ recipe whose torch is HOST (None) carries no torch, triton or nvidia-* component
 the Python packages the host lacks or has not been seen to have new enough (HOST_PACKAGES), so the archive has two
 components, vllm and deps; the manifest says "host_torch": true, and stack.sh puts the prefix before the host's
 site-packages as for any stack, which then supplies torch, triton, torchvision, numpy and the CUDA libraries.
-One mechanism for every line that needs more than the host has (rather than tests/gpu/bundle.py's, which installs
+One mechanism for every line that needs more than the host has (rather than gpu/bundle.py's, which installs
 wheels on the host with pip and serves line v0.20 alone): stage/setup/run/scenarios/tests/bench are the same.
 """
 
@@ -123,7 +123,7 @@ class Line:
         return self.torch is HOST
 
 
-# vLLM 0.33.0's Requires-Dist raised above vLLM 0.20's (or new), resolved together with tests/gpu/bundle.py's
+# vLLM 0.33.0's Requires-Dist raised above vLLM 0.20's (or new), resolved together with gpu/bundle.py's
 # VLLM_DEPS (which 0.33 still imports) for cp312 manylinux; left out: numpy and opencv-python-headless (the same
 # requirement in 0.20 and 0.33: the host's serve, and numpy is bound to the host's numba), torch, triton and the
 # nvidia/cuda wheels (their own components), torch's own requirements (sympy, networkx, jinja2: the host's), extras
@@ -165,7 +165,7 @@ V032_DEPS = tuple(sorted(({*V033_DEPS} - {*V033_ONLY}) | {"transformers==5.19.0"
 # V032_DEPS's versions wherever 0.27.1's Requires-Dist allows them. Its requirements are 0.32.0's or looser
 # (transformers>=5.5.3, huggingface_hub only through transformers, aiohttp>=3.13.3, openai>=2.0.0, xgrammar<1.0.0,
 # mcp unbounded, torchvision==0.28.0 as 0.32's), so one difference only: 0.27.1 requires and imports
-# openai-harmony (openai_harmony), where 0.32 took its fork oss-harmony; 0.0.8, the version tests/gpu/bundle.py's
+# openai-harmony (openai_harmony), where 0.32 took its fork oss-harmony; 0.0.8, the version gpu/bundle.py's
 # VLLM_DEPS carry for 0.20.
 V032_ONLY = ("oss-harmony==0.0.11",)
 V027_DEPS = tuple(sorted(({*V032_DEPS} - {*V032_ONLY}) | {"openai-harmony==0.0.8"},

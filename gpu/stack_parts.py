@@ -1,11 +1,11 @@
-"""The parts of a stack bundle (tests/gpu/stack_bundle.py): manifest, checks and assembly. Standard library only.
+"""The parts of a stack bundle (gpu/stack_bundle.py): manifest, checks and assembly. Standard library only.
 
-Both sides use it: stack_bundle.py writes the manifest here, where PyPI is reachable; tests/gpu/stack.sh assembles
+Both sides use it: stack_bundle.py writes the manifest here, where PyPI is reachable; gpu/stack.sh assembles
 the staged parts on the GPU host (which may lack xz, rich and everything else vllm-patch needs):
 
-    python3 tests/gpu/stack_parts.py check PARTS              every part there, every sha256 right
-    python3 tests/gpu/stack_parts.py setup PARTS PREFIX       check, then unpack into PREFIX/site
-    python3 tests/gpu/stack_parts.py line DIR                 the release line a staged part folder belongs to
+    python3 gpu/stack_parts.py check PARTS              every part there, every sha256 right
+    python3 gpu/stack_parts.py setup PARTS PREFIX       check, then unpack into PREFIX/site
+    python3 gpu/stack_parts.py line DIR                 the release line a staged part folder belongs to
 
 A failed check is one line on stderr (exit 2): which parts are missing, or which part's sha256 is wrong.
 """

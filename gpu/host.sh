@@ -1,31 +1,31 @@
 #!/usr/bin/env bash
-# The GPU host's side of the harness: assemble the offline bundle that tests/gpu/bundle.py
+# The GPU host's side of the harness: assemble the offline bundle that gpu/bundle.py
 # made, then run the kernel tests and the scenarios on the pristine and the patched vLLM.
 # Release line v0.20 (lines/v0.20, vLLM 0.20.0), whose stack the host has; the current line
-# (vLLM 0.33) runs from a stack bundle (tests/gpu/stack.sh).
+# (vLLM 0.33) runs from a stack bundle (gpu/stack.sh).
 # Needs python3 with CUDA torch 2.11, triton 3.6, transformers and pytest; no network.
 #
-#   tests/gpu/host.sh stage DIR...      copy bundle parts (the .gpu/pN folders) into $VP_HOME/parts
-#   tests/gpu/host.sh setup             unpack vLLM, install the wheels, make the patched tree
-#   tests/gpu/host.sh kernels [ARGS]    kernel tests on both trees (pytest ARGS)
-#   tests/gpu/host.sh scenarios [ARGS]  scenarios on both trees (harness run ARGS, e.g. --scenarios a)
-#   tests/gpu/host.sh bench             the GPU benchmarks (benchmarks/bench_*.py), printed and saved with the report
-#   tests/gpu/host.sh bench-e2e GROUP [ARGS]   one group of benchmarks/bench_spec_e2e.py (e.g. verify --context 32768,
+#   gpu/host.sh stage DIR...      copy bundle parts (the .gpu/pN folders) into $VP_HOME/parts
+#   gpu/host.sh setup             unpack vLLM, install the wheels, make the patched tree
+#   gpu/host.sh kernels [ARGS]    kernel tests on both trees (pytest ARGS)
+#   gpu/host.sh scenarios [ARGS]  scenarios on both trees (harness run ARGS, e.g. --scenarios a)
+#   gpu/host.sh bench             the GPU benchmarks (benchmarks/bench_*.py), printed and saved with the report
+#   gpu/host.sh bench-e2e GROUP [ARGS]   one group of benchmarks/bench_spec_e2e.py (e.g. verify --context 32768,
 #                                       hybrid --only ngram), saved as bench-spec-e2e-GROUP[-CONTEXT|-ONLY].txt
-#   tests/gpu/host.sh all               setup, kernels, scenarios
-#   tests/gpu/host.sh bad-tree          $VP_HOME/sabotaged: the patched tree with an off-by-one in the
+#   gpu/host.sh all               setup, kernels, scenarios
+#   gpu/host.sh bad-tree          $VP_HOME/sabotaged: the patched tree with an off-by-one in the
 #                                       verify rows' causal lengths (each row misses its own token), a
 #                                       known bad tree the oracle must catch (VP_TREES="patched sabotaged")
-#   tests/gpu/host.sh save-cache FILE | load-cache FILE   Triton and vLLM compile caches, as tar.xz
-#   tests/gpu/host.sh kernel-pack DIR CMD...   kernel-level runs without the vLLM wheel: unpack the pack
-#                                       tests/gpu/kernel_pack.py made in DIR, run CMD with both trees named, e.g.
+#   gpu/host.sh save-cache FILE | load-cache FILE   Triton and vLLM compile caches, as tar.xz
+#   gpu/host.sh kernel-pack DIR CMD...   kernel-level runs without the vLLM wheel: unpack the pack
+#                                       gpu/kernel_pack.py made in DIR, run CMD with both trees named, e.g.
 #                                       kernel-pack .gpu/kt python3 -m pytest -n 14 tests/lines/v0_20/kernels tests/lines/v0_20/turboquant
 #
 # VP_HOME (default /tmp/vllm-patch-gpu) holds everything; VP_REPORT (default tests/gpu/reports)
 # receives the report; VP_TREES (default "unpatched patched") picks the trees.
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
 LINE=v0.20
 VP_HOME=${VP_HOME:-/tmp/vllm-patch-gpu}
 VP_REPORT=${VP_REPORT:-$ROOT/tests/gpu/reports}
@@ -35,8 +35,8 @@ export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$VP_HOME/work/cache/triton}
 export VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-$VP_HOME/work/cache/vllm}
 
 die() { echo "host.sh: $*" >&2; exit 2; }
-# shellcheck source=tests/gpu/lib.sh
-. "$ROOT/tests/gpu/lib.sh"
+# shellcheck source=gpu/lib.sh
+. "$ROOT/gpu/lib.sh"
 
 stage() {
     mkdir -p "$VP_HOME/parts"
@@ -110,8 +110,8 @@ scenarios() {
             *) die "unknown tree $t (unpatched, patched, sabotaged)" ;;
         esac
     done
-    cd "$ROOT/tests/gpu"
-    PYTHONPATH="$ROOT/tests/gpu" "$PY" -m harness run "${trees[@]}" --path "$VP_HOME/site" \
+    cd "$ROOT/gpu"
+    PYTHONPATH="$ROOT/gpu" "$PY" -m harness run "${trees[@]}" --path "$VP_HOME/site" \
         --work "$VP_HOME/work" --out "$VP_REPORT" --bundle-note "$(cat "$VP_HOME/pristine/.complete")" "$@"
 }
 
@@ -167,7 +167,7 @@ load_cache() {
 kernel_pack() {
     local pack=$1 home=$VP_HOME/kernel-pack
     shift
-    [ -f "$pack/trees.tar.xz" ] || die "no trees.tar.xz in $pack: run tests/gpu/kernel_pack.py here first"
+    [ -f "$pack/trees.tar.xz" ] || die "no trees.tar.xz in $pack: run gpu/kernel_pack.py here first"
     rm -rf "$home/pristine" "$home/patched"
     mkdir -p "$home"
     "$PY" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' \

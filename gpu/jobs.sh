@@ -3,10 +3,10 @@
 # the machine back when no command comes for a while, so a run of scenarios or benchmarks is started detached
 # (its own process session) and followed by short commands that wait and report, keeping the host busy.
 #
-#   tests/gpu/jobs.sh start NAME CMD...   run CMD detached; its output goes to $VP_HOME/jobs/NAME.log
-#   tests/gpu/jobs.sh wait SECONDS        wait until every job ended or SECONDS passed; print each job's state
+#   gpu/jobs.sh start NAME CMD...   run CMD detached; its output goes to $VP_HOME/jobs/NAME.log
+#   gpu/jobs.sh wait SECONDS        wait until every job ended or SECONDS passed; print each job's state
 #                                         and the last lines of its log
-#   tests/gpu/jobs.sh collect DEST        copy every job's log and the reports in $VP_REPORT (if set) into DEST
+#   gpu/jobs.sh collect DEST        copy every job's log and the reports in $VP_REPORT (if set) into DEST
 #
 # A job's exit status is kept in $VP_HOME/jobs/NAME.rc once it ends. VP_HOME defaults to /tmp/vllm-patch-gpu.
 set -euo pipefail

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE.parent / "support"))  # vllm_trees (outside pytest too: run_full.py)
+sys.path.insert(0, str(HERE.parents[1] / "tests" / "support"))  # vllm_trees (outside pytest too: run_full.py)
 
 from fitmatrix import KERNEL_REL, cache_dir  # noqa: E402
 

@@ -1,13 +1,13 @@
 """Make the small offline pack for kernel-level runs on a GPU host: no vLLM wheel, only its sources.
 
-The kernel tests and benchmarks load vLLM's Triton files from a source tree (``tests/kernels/vllm_tree.py``), so
+The kernel tests and benchmarks load vLLM's Triton files from a source tree (``tests/support/vllm_tree.py``), so
 a host with CUDA torch and Triton needs just two trees, a release line's pinned release's ``vllm/*.py`` (line
-v0.20, whose kernels tests/kernels and tests/turboquant test) and a copy with the line's series applied, plus the
+v0.20, whose kernels tests/lines/v0_20 tests) and a copy with the line's series applied, plus the
 few wheels vllm-patch imports there and pytest-xdist (a full kernel matrix compiles hundreds of Triton variants:
 in parallel, minutes instead of tens of minutes). About 6 MiB of trees and 1 MiB of
-wheels; ``tests/gpu/host.sh kernel-pack DIR CMD...`` unpacks it and runs CMD with the trees named.
+wheels; ``gpu/host.sh kernel-pack DIR CMD...`` unpacks it and runs CMD with the trees named.
 
-    python tests/gpu/kernel_pack.py --out .gpu/kt
+    python gpu/kernel_pack.py --out .gpu/kt
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-PROJECT = Path(__file__).resolve().parents[2]
+PROJECT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT / "tool"))
 sys.path.insert(0, str(Path(__file__).parent))
 

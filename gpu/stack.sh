@@ -1,44 +1,44 @@
 #!/usr/bin/env bash
-# The GPU host's side of a stack bundle (tests/gpu/stack_bundle.py): a release line's own torch, triton, NCCL,
+# The GPU host's side of a stack bundle (gpu/stack_bundle.py): a release line's own torch, triton, NCCL,
 # vLLM and Python packages in a private prefix, for a line whose vLLM needs another torch than the host's; or, for a
 # line on the host's own torch (v0.25: the manifest's "host_torch"), its vLLM and the Python packages the host lacks,
 # in front of the host's torch, triton and CUDA libraries.
-# The host's torch, its site-packages and the $VP_HOME trees of tests/gpu/host.sh are never written to.
+# The host's torch, its site-packages and the $VP_HOME trees of gpu/host.sh are never written to.
 # Needs python3.12 (the bundle's Python; PYTHON picks another executable) and no network.
 #
 # LINE is `current` (the top-level series, vLLM 0.33 now), a folder of lines/ (e.g. v0.20), or vX.Y naming the
 # line pinned to vLLM X.Y wherever it lives (v0.33: the top-level series while it is the current line). A stack is
 # named after its line's release, vX.Y: `current` and `v0.33` are the same stack, in $VP_HOME/stack/v0.33.
 #
-#   tests/gpu/stack.sh stage DIR...      copy part folders (.gpu/v0.33/pNN) into $VP_HOME/stack/vX.Y/parts
-#   tests/gpu/stack.sh check LINE        which parts are still missing or corrupt (one line), else a summary
-#   tests/gpu/stack.sh setup LINE        check every sha256, unpack into $VP_HOME/stack/LINE/prefix/site
-#   tests/gpu/stack.sh run LINE CMD...   CMD with the prefix first on PYTHONPATH and its nvidia libraries first
+#   gpu/stack.sh stage DIR...      copy part folders (.gpu/v0.33/pNN) into $VP_HOME/stack/vX.Y/parts
+#   gpu/stack.sh check LINE        which parts are still missing or corrupt (one line), else a summary
+#   gpu/stack.sh setup LINE        check every sha256, unpack into $VP_HOME/stack/LINE/prefix/site
+#   gpu/stack.sh run LINE CMD...   CMD with the prefix first on PYTHONPATH and its nvidia libraries first
 #                                        on LD_LIBRARY_PATH (then the host's); prints torch/triton/CUDA first
-#   tests/gpu/stack.sh scenarios LINE ARGS...  the harness on the line's vLLM, unpatched and patched
+#   gpu/stack.sh scenarios LINE ARGS...  the harness on the line's vLLM, unpatched and patched
 #                                        (VP_RUNNER=v1 or v2: engines under test on Model Runner V1 or V2,
 #                                        labels *-v1/*-v2; unset: the release's default, V2 from 0.33;
 #                                        VP_WITHOUT=NNNN: also the line without patch NNNN, tree without-NNNN)
-#   tests/gpu/stack.sh tests LINE ARGS...      pytest (tests/lines/vX_Y) on both trees with the line's torch
+#   gpu/stack.sh tests LINE ARGS...      pytest (tests/lines/vX_Y) on both trees with the line's torch
 #                                        (VP_TESTS_TREE=unpatched: the tests against the release alone)
-#   tests/gpu/stack.sh bench LINE ARGS...      benchmarks/bench_spec_e2e.py on both trees (ARGS: --group ...;
+#   gpu/stack.sh bench LINE ARGS...      benchmarks/bench_spec_e2e.py on both trees (ARGS: --group ...;
 #                                        VP_WITHOUT=NNNN: also the line without patch NNNN, tree `without`)
-#   tests/gpu/stack.sh users LINE ARGS...      benchmarks/bench_users_geometry.py on both trees (ARGS: --preset ...)
-#   tests/gpu/stack.sh env LINE          the environment run uses, as export lines (for `eval`)
-#   tests/gpu/stack.sh clean-parts LINE  delete the staged parts (after setup; the prefix stays)
+#   gpu/stack.sh users LINE ARGS...      benchmarks/bench_users_geometry.py on both trees (ARGS: --preset ...)
+#   gpu/stack.sh env LINE          the environment run uses, as export lines (for `eval`)
+#   gpu/stack.sh clean-parts LINE  delete the staged parts (after setup; the prefix stays)
 #
 # VP_HOME (default /tmp/vllm-patch-gpu) holds everything.
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VP_HOME=${VP_HOME:-/tmp/vllm-patch-gpu}
 PY=${PYTHON:-python3.12}
 command -v "$PY" >/dev/null 2>&1 || PY=python3
-PARTS_PY=$ROOT/tests/gpu/stack_parts.py
+PARTS_PY=$ROOT/gpu/stack_parts.py
 
 die() { echo "stack.sh: $*" >&2; exit 2; }
-# shellcheck source=tests/gpu/lib.sh
-. "$ROOT/tests/gpu/lib.sh"
+# shellcheck source=gpu/lib.sh
+. "$ROOT/gpu/lib.sh"
 
 pin_version() { [ -f "$1/series" ] || die "no series in $1"; sed -n 's/^#: version = //p' "$1/series"; }
 
@@ -209,7 +209,7 @@ scenarios() {
     version=$(pin_version "$series") || exit 2
     eval "$(stack_env "$line")"
     [ -z "$runner" ] || export VLLM_USE_V2_MODEL_RUNNER=$runner
-    cd "$ROOT/tests/gpu"
+    cd "$ROOT/gpu"
     "$PY" -m harness run --tree "unpatched$suffix=$trees/unpatched" --tree "patched$suffix=$trees/patched" \
         "${without[@]}" --work "$dir/work" --out "${VP_REPORT:-$ROOT/tests/gpu/reports}" --title "vLLM $version" "$@"
 }

@@ -6,9 +6,9 @@ FlashAttention 3 library and DeepGEMM are left out: TurboQuant needs FlashAttent
 and every scenario asks for it), as an xz tar split into parts of at most 64 MiB
 together with this repository, for hosts reached through a size-limited copy; the
 wheels vLLM and vllm-patch need that a CUDA PyTorch image lacks (cp312, manylinux);
-and a manifest. `tests/gpu/host.sh` assembles and runs it there.
+and a manifest. `gpu/host.sh` assembles and runs it there.
 
-    python tests/gpu/bundle.py --out .gpu      # parts in .gpu/p1, .gpu/p2, ...
+    python gpu/bundle.py --out .gpu      # parts in .gpu/p1, .gpu/p2, ...
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-PROJECT = Path(__file__).resolve().parents[2]
+PROJECT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT / "tool"))
 
 from vllm_patch.infrastructure.downloads import fetch  # noqa: E402
