@@ -45,7 +45,9 @@ def tree_digest(tree: Path) -> str:
 
 # Test folders no line's test imports (the tool's own, the virtualenv and GPU tooling's, the reports): a change
 # there keeps every verdict. The project's top-level test files are left out too, save the one a check names.
-UNRELATED = ("integration", "guard", "gpu_fit", "benchmarks", "targets", "gpu/reports")
+# Besides tests/, line v0.20's tests import the GPU harness's model shapes (gpu/harness).
+IMPORTED = ("gpu/harness",)
+UNRELATED = ("integration", "guard", "gpu", "gpu_fit", "benchmarks", "targets")
 
 
 def _unrelated(rel: Path) -> bool:
@@ -59,6 +61,9 @@ def code_digest(project: Path) -> str:
     they import, with the versions of the stack they run on."""
     h = hashlib.sha256(f"v{VERSION} {sys.version}".encode())
     h.update(_files_digest(project / "tests", ("*.py", "*.diff", "*.json", "*.txt"), _unrelated).encode())
+    for rel in IMPORTED:
+        if (project / rel).is_dir():
+            h.update(_files_digest(project / rel, ("*.py",)).encode())
     pyproject = project / "pyproject.toml"  # the pytest settings
     h.update(hashlib.sha256(pyproject.read_bytes() if pyproject.is_file() else b"").digest())
     h.update(_files_digest(Path(__file__).resolve().parents[1], ("*.py",)).encode())
