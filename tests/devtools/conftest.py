@@ -1,0 +1,8 @@
+"""Tests of the maintainers' scripts (devtools/): their modules import by name."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "devtools"))
