@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -12,6 +13,7 @@ import click
 from rich.console import Console
 
 from . import __version__, operations, report
+from .doctor import PRESETS
 from .errors import EXIT_OK, EXIT_PATCH_FAILED, EXIT_USAGE, VllmPatchError
 from .infrastructure.downloads import pinned_base_tree
 from .lines import line_named
@@ -405,6 +407,76 @@ def outlook(ctx: click.Context, releases: str | None, to_tag: str | None, repo: 
         outlook_mod.print_outlook(result, out)
         if markdown:
             out.print(f"wrote {markdown}")
+
+
+def _assumed_limits(value: str | None) -> dict | None:
+    if not value:
+        return None
+    cap, sep, size = value.partition(":")
+    try:
+        major, _, minor = cap.partition(".")
+        capability = 10 * int(major) + int(minor or 0)
+        max_shared = int(size)
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: give CC:BYTES, e.g. 8.6:101376", param_hint="--assume-limits") from None
+    if not sep or max_shared <= 0:
+        raise click.BadParameter(f"{value!r}: give CC:BYTES, e.g. 8.6:101376", param_hint="--assume-limits")
+    return {"capability": capability, "max_shared": max_shared, "hip": False}
+
+
+@main.command()
+@click.option("--python", metavar="EXE", help="The interpreter whose vLLM, torch and GPUs to examine "
+              "(default: the one running vllm-patch).")
+@click.option("--target", "target_spec", metavar="PATH", help="The vLLM to examine: a site-packages dir or a source "
+              "tree, instead of --python's (the GPU part still runs in --python's interpreter).")
+@click.option("--device", type=int, metavar="N", help="Only GPU N (default: every visible GPU; the kernel check runs "
+              "on the first).")
+@click.option("--model", "model_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="A model directory: the attention geometry from its config.json (default: Qwen3.6-27B / "
+              "Qwen3.8-27B, 24 query / 4 KV heads of 256).")
+@click.option("--tp", "tps", type=click.IntRange(1), multiple=True, metavar="N",
+              help="Tensor-parallel sizes to plan for, one geometry per rank (default: 1 and 2).")
+@click.option("--preset", "presets", type=click.Choice(PRESETS), multiple=True,
+              help="Only these TurboQuant presets (default: all four).")
+@click.option("--assume-limits", metavar="CC:BYTES", help="Plan the route for another GPU instead, from its compute "
+              "capability and shared memory per block (e.g. 8.6:101376, an RTX 3090); no GPU needed, no check.")
+@click.option("--interpret", is_flag=True, help="Without a GPU: check the kernel on the CPU under TRITON_INTERPRET=1 "
+              "(slow: give a small --model).")
+@click.option("--no-timing", is_flag=True, help="Check the kernel, do not time it.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON to attach to an issue (no path of this machine "
+              "beyond those given).")
+@click.pass_context
+@handle_errors
+def doctor(ctx: click.Context, python: str | None, target_spec: str | None, device: int | None,
+           model_dir: Path | None, tps: tuple[int, ...], presets: tuple[str, ...], assume_limits: str | None,
+           interpret: bool, no_timing: bool, as_json: bool) -> None:
+    """Show the installed vLLM, its line and each patch's state, the guard and the environment; the GPUs, the
+    route the line's multi-query kernel takes there; and that kernel checked against a float64 reference and
+    the release's route, with a speed ratio.
+
+    Exit codes: 0 all is well (also with no GPU); 1 the line is not fully applied, or the kernel gave a wrong
+    result; 2 an environment error.
+    """
+    from .doctor import render
+
+    home = _home(ctx)
+    options = dict(model_dir=model_dir, device=device, interpret=interpret, assumed=_assumed_limits(assume_limits),
+                   presets=presets or PRESETS, timing=not no_timing, line=ctx.obj.get("line"))
+    if tps:
+        options["tps"] = tuple(dict.fromkeys(tps))
+    live = not as_json and err.is_terminal
+    with err.status("vllm-patch doctor", spinner="dots") if live else contextlib.nullcontext() as status:
+        def progress(text: str) -> None:
+            if status is not None:
+                status.update(f"vllm-patch doctor: {text}")
+
+        found = operations.doctor(home, python, target_spec, progress, **options)
+    if as_json:
+        data = render.to_dict(found)
+        report.print_json(render.scrubber(found, home.root)(data))
+    else:
+        render.print_text(found, out)
+    sys.exit(found.exit_code)
 
 
 def _author(ctx: click.Context, upstream: str | None, quiet: bool):

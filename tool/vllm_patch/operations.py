@@ -336,6 +336,30 @@ def import_patches(root: Path, source: str, repo: Path | None, header_for: Calla
             mail.encode("utf-8", "surrogateescape"), header.name or None, header, unique)
 
 
+def doctor(home: SeriesHome, python: str | None = None, target_spec: str | None = None,
+           progress: Callable[[str], None] = lambda text: None, **options):
+    """The install of `python` (default: this interpreter's) or `target_spec`, the GPUs and routes that
+    interpreter sees, and the line's kernel checked there (``doctor.diagnose``; `options` are its own).
+    Writes nothing but what ``status`` may (recovering an interrupted run)."""
+    import sys
+
+    from .doctor import diagnose
+    from .targets import open_target
+
+    if target_spec:
+        target = open_target(target_spec, "auto")
+        where, fix = f"in {target_spec}", f"vllm-patch apply --target {target_spec}"
+    elif python:
+        target = open_target("", "auto", python)
+        where, fix = f"in the site-packages of {python}", f"vllm-patch apply --python {python}"
+    else:
+        target = open_target("site-packages", "auto")
+        where, fix = f"in the site-packages of {sys.executable} (vllm-patch's own interpreter)", \
+            "vllm-patch apply --target site-packages"
+    return diagnose(home, target, where, fix, python or sys.executable, python=python, target_arg=target_spec,
+                    progress=progress, **options)
+
+
 class PatchFailedWith(PatchFailed):
     """A patch did not apply: carries the outcome, so the CLI can show every state."""
 
