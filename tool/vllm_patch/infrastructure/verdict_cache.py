@@ -47,7 +47,7 @@ def tree_digest(tree: Path) -> str:
 # there keeps every verdict. The project's top-level test files are left out too, save the one a check names.
 # Besides tests/, line v0.20's tests import the GPU harness's model shapes (gpu/harness).
 IMPORTED = ("gpu/harness",)
-UNRELATED = ("integration", "guard", "gpu", "gpu_fit", "benchmarks", "targets", "devtools")
+UNRELATED = ("integration", "guard", "gpu", "gpu_fit", "benchmarks", "targets", "devtools", "doctor")
 
 
 def _unrelated(rel: Path) -> bool:
