@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "gpu_fit"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "gpu" / "fit"))
 
 import fitmatrix  # noqa: E402
 
