@@ -315,17 +315,39 @@ def _parse_amdgcn(asm: str) -> dict:
 def compile_kernel(mod, fn_name: str, target: Target, args: dict, num_warps: int, num_stages: int | None) -> dict:
     """Compile ``mod.fn_name`` for target with the named arguments (``_Ptr`` for tensors, Python ints and
     floats as at launch; constexprs as values). Returns {"shared", "regs", "spill", ...} or {"error"}."""
-    import triton
-    from triton import knobs
-    from triton.compiler import ASTSource
-
-    fn = getattr(mod, fn_name)
-    signature, constexprs, attrs = _compile_inputs(fn, target, args)
+    signature, constexprs, attrs = _compile_inputs(getattr(mod, fn_name), target, args)
     # The options the file's launches add (a register allowance on CUDA), where the file has any.
     launch_options = getattr(mod, "tq_mq_launch_options", None)
     options = {"num_warps": num_warps, **(launch_options(target.hip) if launch_options else {})}
     if num_stages is not None:
         options["num_stages"] = num_stages
+    return _compile(mod, fn_name, target, (signature, constexprs, attrs), options)
+
+
+def compile_launch(mod, fn_name: str, target: Target, specialization: list, options: dict) -> dict:
+    """Compile ``mod.fn_name`` for target as one launch was specialized: Triton's own binder's
+    ``[(type, attribute or constexpr value), ...]`` per parameter, and the launch's options (num_warps,
+    num_stages, maxnreg). What tests recorded at a launch compiles here exactly as the JIT would."""
+    fn = getattr(mod, fn_name)
+    backend_cls = _backend_class(target)
+    signature, constexprs, attrs = {}, {}, {}
+    for i, (name, (ty, spec)) in enumerate(zip(fn.arg_names, specialization, strict=True)):
+        signature[name] = ty
+        if ty == "constexpr":
+            constexprs[(i,)] = spec
+        elif spec:
+            attrs[(i,)] = backend_cls.parse_attr(spec)
+    return _compile(mod, fn_name, target, (signature, constexprs, attrs), dict(options))
+
+
+def _compile(mod, fn_name: str, target: Target, inputs: tuple, options: dict) -> dict:
+    import triton
+    from triton import knobs
+    from triton.compiler import ASTSource
+
+    fn = getattr(mod, fn_name)
+    signature, constexprs, attrs = inputs
+    num_warps, num_stages = options.get("num_warps"), options.get("num_stages")
     path = _cache_path(mod.SOURCE_SHA256, target, fn_name, signature, constexprs, attrs, options)
     if path.is_file():
         return json.loads(path.read_text())
@@ -366,6 +388,9 @@ def _compile_inputs(fn, target: Target, args: dict) -> tuple[dict, dict, dict]:
         if fn.params[i].is_constexpr:
             signature[name] = "constexpr"
             constexprs[(i,)] = value
+            continue
+        if fn.params[i].do_not_specialize and isinstance(value, int):
+            signature[name] = "i32" if -(2**31) <= value < 2**31 else "i64"
             continue
         ty, spec = _specialize(backend_cls, value)
         signature[name] = ty
@@ -408,8 +433,10 @@ def _fp8_e4b15(target: Target) -> int:
 
 
 def probe_args(mod, tiles, cfg: Config) -> dict:
-    """The arguments tq_mq_verify_probe's launch gives _tq_mq_verify_fwd: one request of K+1 tokens in a
-    cache of one block and one KV head, one split, no lse (see _launch_fwd)."""
+    """The arguments tq_mq_verify_probe's first launch gives _tq_mq_verify_fwd: one request of K+1 tokens in a
+    cache of one block and one KV head, one split, no lse (see _launch_fwd). For a kernel whose split count is
+    an argument (``num_splits``) it is 1 with ``SPLIT`` off; for one whose split count is a constexpr,
+    ``NUM_SPLITS`` 1."""
     target, preset, geo = TARGET[cfg.target], PRESET[cfg.preset], GEOMETRY[cfg.geometry]
     d, g, k1 = geo.head_dim, geo.group, cfg.k1
     kps = preset.key_packed_size(d)
@@ -424,9 +451,9 @@ def probe_args(mod, tiles, cfg: Config) -> dict:
         stride_qt=g * d, stride_qh=d,
         stride_kv_block=cfg.block_size * slot, stride_kv_pos=slot, stride_kv_head=slot,
         stride_bt=1, stride_mid_t=0, stride_mid_h=0, stride_mid_s=0,
-        stride_ot=g * d, stride_oh=d, stride_lse_t=0,
+        stride_ot=g * d, stride_oh=d, stride_lse_t=0, num_splits=1,
         K1=k1, GROUP=g, M_TILES=tiles.m_tiles, BLOCK_M=tiles.block_m, HEAD_DIM=d, BLOCK_N=tiles.block_n,
-        PAGE_SIZE=cfg.block_size, NUM_SPLITS=1, MIN_SPLIT=4 * tiles.block_n,
+        PAGE_SIZE=cfg.block_size, NUM_SPLITS=1, SPLIT=False, MIN_SPLIT=4 * tiles.block_n,
         MSE_BITS=preset.mse_bits, MSE_BYTES=math.ceil(d * preset.mse_bits / 8), KPS=kps,
         VQB=preset.value_bits, VAL_DATA_BYTES=math.ceil(d * preset.value_bits / 8),
         KEY_FP8=1 if preset.key_fp8 else 0, NORM_CORRECTION=0, FP8_E4B15=_fp8_e4b15(target),
@@ -458,7 +485,7 @@ def reduce_args(geo: Geometry, dtype: str, k1: int = 4, splits: int = 32) -> dic
     block_n = 128 if d <= 128 else 64
     return dict(Seq_lens_ptr=_Ptr("i32"), Mid_ptr=_Ptr("fp32"), Out_ptr=_Ptr(dtype), Lse_ptr=_Ptr(dtype),
                 stride_mid_t=hq * splits * (d + 1), stride_mid_h=splits * (d + 1), stride_mid_s=d + 1,
-                stride_ot=hq * d, stride_oh=d, stride_lse_t=0,
+                stride_ot=hq * d, stride_oh=d, stride_lse_t=0, num_splits=splits,
                 K1=k1, HEAD_DIM=d, BLOCK_N=block_n, NUM_SPLITS=splits, MIN_SPLIT=4 * block_n, HAS_LSE=False)
 
 

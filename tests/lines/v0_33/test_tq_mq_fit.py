@@ -18,7 +18,10 @@
    reserves its share when it is built, inside vLLM's memory profile: the tree's own WorkspaceManager then holds,
    to the byte, what the largest launches need (rows x heads x head dim x dtype size, worked out here from the
    batch limits and the launches' split rule).
-6. The lower bound of the staged bytes is what Triton compiles: the kernel compiled ahead of time for sm_90
+6. Every kernel variant serving launches was launched by the route's probes before the first capture (K+1 from
+   1 to 1 + K, the preset's norm correction, one split and several, the layer's cache layout), so nothing
+   compiles while serving; on sm_75 every one of them compiles within the limit (slow: compiled ahead of time).
+7. The lower bound of the staged bytes is what Triton compiles: the kernel compiled ahead of time for sm_90
    (``triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))``, gpu/fit/fitmatrix.py's compile of
    the probe's launch) needs exactly that much shared memory (``metadata.shared``).
 """
@@ -41,10 +44,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TypeVar, cast
 
+import launch_keys
 import pytest
 import torch
 import tq_harness
 
+import references
 import vllm_tree
 from references import build_tq_cache, tq_verify_ref, tq_verify_rows
 
@@ -458,3 +463,98 @@ def test_query_rotation_fits_the_smaller_parts(mq):
         for tiles in mq.tq_mq_verify_candidates(4, 6, 256, 4, False, limits):
             assert (tiles.rotate_rows, tiles.rotate_cols) == want
     assert mq.tq_mq_rotate_tiles(128, _limits(mq, T4)) == (32, 64)
+
+
+def _route_with_host_probes(mq, tq, monkeypatch, limits, preset: str, fits=None, num_spec: int = 3):
+    """Decide tq's route for Qwen3.6-27B (24/4 heads of 256), ``num_spec`` drafts (MTP K=3), ``preset`` on a
+    stand-in CUDA device with ``limits``, the route's probes running the real ``tq_mq_verify_probe`` on the host
+    with every argument the route passes (only the device is the host's); ``fits(tiles, launches)`` judges the
+    launches a probe made (None: accepted). Returns whether the route took the kernel."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(mq, "tq_mq_device_limits", lambda device=None: limits)
+    monkeypatch.setattr(tq, "tq_mq_device_limits", lambda device=None: limits)
+    recorder = mq._tq_mq_verify_fwd.recorder
+
+    def probe_on_the_host(tiles, **kw):
+        start = len(recorder.launches)
+        why_not = mq.tq_mq_verify_probe(tiles, **{**kw, "device": torch.device("cpu")})
+        return why_not if why_not or fits is None else fits(tiles, recorder.launches[start:])
+
+    monkeypatch.setattr(tq, "tq_mq_verify_probe", probe_on_the_host)
+    builder = tq.TurboQuantAttentionBackend.get_builder_cls()
+    return builder.get_cudagraph_support(_config(num_spec), _spec(preset)) == tq.AttentionCGSupport.UNIFORM_BATCH
+
+
+def _serve(mq, preset: str, k1: int, num_reqs: int, num_sms: int = H100_SMS, max_splits: int = 32) -> None:
+    """One launch as the layer makes it on a GPU of num_sms SMs (_multi_query_attention): num_reqs requests of k1
+    queries, the cache in the layer's layout (blocks, KV heads, block_size, slot) seen through transpose(1, 2),
+    flat split partials and the rotated queries from the workspace, the tiles the route chose for this device
+    (``_planned_tiles``) and the launcher's split rule for num_sms SMs (the host has none)."""
+    lay = references.TQLayout.from_preset(f"turboquant_{preset}", 256)
+    group, rows = HQ // HK, num_reqs * k1
+    tiles = mq._planned_tiles(torch.device("cuda", 0), k1, group, 256, lay.mse_bits, lay.key_fp8)
+    splits = mq.tq_mq_verify_num_splits(num_reqs * HK * tiles.m_tiles, num_sms, max_splits)
+    mq.triton_turboquant_mq_verify_attention(
+        torch.zeros(rows, HQ, 256, dtype=torch.bfloat16),
+        torch.zeros(num_reqs, HK, 16, lay.slot_size_aligned, dtype=torch.uint8).transpose(1, 2),
+        torch.arange(num_reqs, dtype=torch.int32)[:, None], torch.full((num_reqs,), k1, dtype=torch.int32), k1,
+        torch.zeros(16), 0.0625, lay.mse_bits, lay.key_packed_size, lay.value_bits,
+        torch.empty(rows, HQ, 256, dtype=torch.bfloat16), torch.empty(rows * max_splits * HQ * 257),
+        torch.empty(rows, HQ, 256), PiT=torch.zeros(256, 256), key_fp8=lay.key_fp8,
+        norm_correction=lay.norm_correction, max_num_kv_splits=max_splits, num_kv_splits=splits, tiles=tiles)
+
+
+@pytest.mark.parametrize(("preset", "num_spec"), [("k8v4", 3), ("4bit_nc", 3), ("3bit_nc", 3), ("3bit_nc", 0)])
+def test_serving_compiles_no_kernel_variant_the_route_did_not_probe(mq, on_a_gpu, monkeypatch, preset, num_spec):
+    """Every batch serving can send (K+1 from 1 to 1 + K: uniform batches of shorter drafts take their own
+    length; 1 to 16 requests, so every split count the launcher takes on an H100) launches only kernel variants
+    the route's probes launched before the first capture: Triton's binder gives each launch its compile key
+    (launch_keys.py) and serving adds none. A variant first launched while serving compiles then (seconds, and an
+    error under vLLM's JIT monitor in error mode); the split count and the partials' strides are kept out of the
+    key, K+1 and the preset's norm correction are probed. Without drafts (K+1 = 1 only) too."""
+    recorder = launch_keys.record_launches(mq, monkeypatch)
+    assert _route_with_host_probes(mq, on_a_gpu, monkeypatch, mq.TQMQLimits(*RTX_3090), preset, num_spec=num_spec)
+    probed = recorder.keys()
+    recorder.launches.clear()
+    for k1 in range(1, num_spec + 2):
+        for num_reqs in range(1, 17):
+            _serve(mq, preset, k1, num_reqs)
+    served = recorder.keys()
+    assert len({launch.kernel for launch in served}) == (2 if preset == "k8v4" else 3)
+    new = served - probed
+    example = min(new, key=repr) if new else None
+    assert not new, f"{len(new)} of {len(served)} variants serving launches were never probed, e.g. {example}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["k8v4", "4bit_nc", "3bit_nc"])
+def test_every_variant_the_route_launches_compiles_for_sm75(mq, on_a_gpu, monkeypatch, v033_tree, preset):
+    """On sm_75 (T4, RTX 20xx: 64 KiB of shared memory per block, float32 scores) the route, its probes compiled
+    ahead of time for sm_75 (launch_keys.compile_launches: what each probe launched, compiled as Triton's JIT
+    would compile it there, refused on a compile error or over 65536 B), takes tiles for every K+1 it can launch;
+    then every launch serving makes at K+1 = 1..4 compiles for sm_75 within the limit. A launch at a K+1 the route
+    did not probe takes the widest tiling the shared-memory estimate allows, which the compiled kernel can
+    exceed (OutOfResources in the middle of serving)."""
+    kernel_file = v033_tree / VERIFY
+    t4 = mq.TQMQLimits(*T4)
+
+    def fits_sm75(tiles, launches):
+        for res in launch_keys.compile_launches(kernel_file, "sm_75", launches):
+            if "error" in res:
+                return res["error"]
+            if res["shared"] > t4.max_shared:
+                return f"needs {res['shared']} B of shared memory, the limit is {t4.max_shared} B"
+        return None
+
+    recorder = launch_keys.record_launches(mq, monkeypatch, capability=75)
+    if not _route_with_host_probes(mq, on_a_gpu, monkeypatch, t4, preset, fits_sm75):
+        pytest.fail(f"no tiling of {preset} fits sm_75")
+    recorder.launches.clear()
+    for k1 in range(1, 5):
+        for num_reqs in (1, 64):  # split, unsplit
+            _serve(mq, preset, k1, num_reqs, num_sms=40)  # a T4's 40 SMs
+    launches = sorted(recorder.keys(), key=repr)
+    results = launch_keys.compile_launches(kernel_file, "sm_75", launches)
+    bad = [(launch.kernel, res.get("error") or res["shared"]) for launch, res in zip(launches, results, strict=True)
+           if "error" in res or res["shared"] > t4.max_shared]
+    assert not bad, bad
