@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -109,6 +110,29 @@ def test_read_only_target(tree, two_patch_series):
     before = snapshot(tree)
     result = run(two_patch_series, "apply", "--target", str(tree))
     assert result.exit_code == 2 and "read-only" in error_lines(result)[0]
+    assert snapshot(tree) == before
+
+
+def test_a_full_disk_names_the_file_and_says_nothing_was_changed(tree, two_patch_series, monkeypatch):
+    """ENOSPC while the second file is written (a write that fails carries no file name): the one line names
+    the file, says the disk is full and that nothing was changed, and the first file is rolled back."""
+    from vllm_patch.infrastructure import transaction
+
+    real, writes = transaction.atomic_write, []
+
+    def full_disk(path, data, *args, **kwargs):
+        if transaction.JOURNAL_DIR not in str(path):
+            writes.append(path)
+            if len(writes) == 2:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(path, data, *args, **kwargs)
+
+    monkeypatch.setattr(transaction, "atomic_write", full_disk)
+    before = snapshot(tree)
+    result = run(two_patch_series, "apply", "--target", str(tree))
+    assert result.exit_code == 2, result.output
+    [line] = error_lines(result)
+    assert str(writes[1]) in line and "No space left on device" in line and "nothing was changed" in line
     assert snapshot(tree) == before
 
 

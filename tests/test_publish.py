@@ -3,6 +3,7 @@ what it left (tool/vllm_patch/artifacts/publish.py, through the wheel builder)."
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -10,8 +11,12 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
+import vllm_patch.artifacts.wheel as wheel
 from test_wheel import make_wheel
 from vllm_patch.artifacts.wheel import build_wheel
+from vllm_patch.errors import TargetError
 from vllm_patch.series import load_series
 
 # The killed run: the real builder, paused (by the child itself) after its first member is written.
@@ -70,3 +75,21 @@ def test_leftovers_of_an_older_killed_run_are_swept(tmp_path, base_files, two_pa
     (out / ".hidden").write_bytes(b"mine too")
     built = build_wheel(load_series(two_patch_series), source, out)
     assert entries(out) == sorted([".hidden", built.path.name, "keep.txt"])
+
+
+def test_a_full_disk_names_the_wheel_and_leaves_nothing(tmp_path, base_files, two_patch_series, monkeypatch):
+    """ENOSPC while the wheel is written (zipfile's write carries no file name): one error naming the wheel
+    that was being written and saying nothing was changed, and no partial left in dist/."""
+    source = make_wheel(tmp_path / "in", base_files)
+    out = tmp_path / "dist"
+
+    def full_disk(*args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(wheel, "copy_raw", full_disk)
+    with pytest.raises(TargetError) as info:
+        build_wheel(load_series(two_patch_series), source, out)
+    message = info.value.message
+    assert message.startswith(f"cannot write {out}/vllm-0.20.0+vp.") and message.endswith(
+        ".whl: No space left on device; nothing was changed"), message
+    assert entries(out) == []

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from vllm_patch.errors import TargetError
+from vllm_patch.infrastructure import transaction
 from vllm_patch.infrastructure.transaction import Journal, commit, read_files, recover
 
 
@@ -265,3 +267,67 @@ def test_timed_sigkills_anywhere_in_the_run(tmp_path):
         assert result in (base, new), (i, sorted(set(result) ^ set(base)))
         seen.add("new" if result == new else "base")
     assert seen  # which side each kill lands on depends on the machine's speed
+
+
+def _enospc() -> OSError:
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_a_full_disk_while_writing_names_the_file_and_rolls_back(tmp_path, monkeypatch):
+    (tmp_path / "a").write_bytes(b"old a")
+    (tmp_path / "b").write_bytes(b"old b")
+    real = transaction.atomic_write
+
+    def full_disk(path, data, *args, **kwargs):
+        if path == tmp_path / "b":
+            raise _enospc()
+        return real(path, data, *args, **kwargs)
+
+    monkeypatch.setattr(transaction, "atomic_write", full_disk)
+    with pytest.raises(TargetError) as info:
+        commit(journal(tmp_path), {"a": b"new a", "b": b"new b"})
+    assert info.value.message == f"cannot write {tmp_path / 'b'}: No space left on device; nothing was changed"
+    assert (tmp_path / "a").read_bytes() == b"old a" and (tmp_path / "b").read_bytes() == b"old b"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+
+
+def test_a_full_disk_while_backing_up_names_the_backup(tmp_path, monkeypatch):
+    (tmp_path / "a").write_bytes(b"old a")
+    real = Path.write_bytes
+
+    def full_disk(self, data):
+        if self.parent == tmp_path / ".journal":
+            raise _enospc()
+        return real(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", full_disk)
+    with pytest.raises(TargetError) as info:
+        commit(journal(tmp_path), {"a": b"new a"})
+    assert info.value.message == (f"cannot write {tmp_path / '.journal' / 'backup-0'}: No space left on device; "
+                                  "nothing was changed")
+    assert (tmp_path / "a").read_bytes() == b"old a" and sorted(p.name for p in tmp_path.iterdir()) == ["a"]
+
+
+def test_a_rollback_that_fails_too_says_the_next_run_restores(tmp_path, monkeypatch):
+    """Nothing-was-changed is said only where it holds: a full disk that also stops the rollback leaves the
+    journal, and the message says the next run restores the files from it."""
+    (tmp_path / "a").write_bytes(b"old a")
+    (tmp_path / "b").write_bytes(b"old b")
+    real, written = transaction.atomic_write, []
+
+    def full_disk(path, data, *args, **kwargs):
+        if path.parent == tmp_path:
+            if written:
+                raise _enospc()
+            written.append(path)
+        return real(path, data, *args, **kwargs)
+
+    monkeypatch.setattr(transaction, "atomic_write", full_disk)
+    with pytest.raises(TargetError) as info:
+        commit(journal(tmp_path), {"a": b"new a", "b": b"new b"})
+    message = info.value.message
+    assert message.startswith(f"cannot write {tmp_path / 'b'}: No space left on device;")
+    assert "nothing was changed" not in message and str(tmp_path / ".journal") in message
+    monkeypatch.setattr(transaction, "atomic_write", real)
+    assert recover(journal(tmp_path)).startswith("rolled back")
+    assert (tmp_path / "a").read_bytes() == b"old a" and (tmp_path / "b").read_bytes() == b"old b"

@@ -16,6 +16,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from ..errors import TargetError
 from ..infrastructure.locking import target_lock
 
 PARTIAL = re.compile(r"^\..+\.partial-\d+$")
@@ -63,6 +64,9 @@ def publish(directory: Path, final: str, write: Callable[[Path], None], wait: fl
             with open(partial, "rb") as fh:
                 os.fsync(fh.fileno())
             os.replace(partial, directory / final)
+        except OSError as exc:  # a full disk: the write that fails names no file
+            raise TargetError(f"cannot write {directory / final}: {exc.strerror or exc}; "
+                              "nothing was changed") from None
         finally:
             partial.unlink(missing_ok=True)
     return removed

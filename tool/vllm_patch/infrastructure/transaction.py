@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import TargetError
+from ..errors import TargetError, VllmPatchError
 
 JOURNAL_FILE = "journal.json"
 FAULT_ENV = "VLLM_PATCH_FAULT_AFTER_WRITES"
@@ -186,16 +186,19 @@ def commit(journal: Journal, changes: Mapping[str, bytes | None],
     preflight(root, changes)
     if journal.directory.exists():
         raise TargetError(f"a journal is already present at {journal.directory}")
-    journal.directory.mkdir(parents=True)
     entries = []
+    writing: Path | None = journal.directory
     try:
+        journal.directory.mkdir(parents=True)
         for i, (rel, data) in enumerate(changes.items()):
             path = resolve_inside(root, rel)
+            writing = None
             old = path.read_bytes() if path.exists() else None
             backup = None
             if old is not None:
                 backup = f"backup-{i}"
-                (journal.directory / backup).write_bytes(old)
+                writing = journal.directory / backup
+                writing.write_bytes(old)
             missing_dirs = []
             parent = path.parent
             while not parent.exists():
@@ -206,20 +209,26 @@ def commit(journal: Journal, changes: Mapping[str, bytes | None],
                 "mode": stat.S_IMODE(path.stat().st_mode) if old is not None else None,
                 "new_mode": (modes or {}).get(rel), "created_dirs": missing_dirs,
             })
+        writing = journal.directory
         for f in journal.directory.iterdir():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
+        writing = journal.file
         atomic_write(journal.file, json.dumps({"entries": entries, "extra": extra or {}}).encode())
         _fsync_dir(journal.directory)
+    except OSError as exc:
+        shutil.rmtree(journal.directory, ignore_errors=True)
+        raise TargetError(f"{_failed(writing, exc)}; nothing was changed") from None
     except BaseException:
         shutil.rmtree(journal.directory, ignore_errors=True)
         raise
     tick, tick_tmp = _fault_countdown(), _fault_countdown(FAULT_TMP_ENV)
+    writing = None
     try:
         for entry in entries:
             rel = entry["path"]
             data = changes[rel]
-            path = resolve_inside(root, rel)
+            path = writing = resolve_inside(root, rel)
             if data is None:
                 path.unlink(missing_ok=True)
             else:
@@ -228,9 +237,13 @@ def commit(journal: Journal, changes: Mapping[str, bytes | None],
                 atomic_write(path, data, entry["mode"] if entry["mode"] is not None else entry["new_mode"],
                              before_rename=tick_tmp)
             tick()
+        writing = None
         _prune(root, entries)
         if finish is not None:
             finish(extra or {})
+    except OSError as exc:
+        _undo_after(journal, undo, extra, _failed(writing, exc))
+        raise TargetError(f"{_failed(writing, exc)}; nothing was changed") from None
     except BaseException:
         try:
             if undo is not None:
@@ -239,6 +252,31 @@ def commit(journal: Journal, changes: Mapping[str, bytes | None],
             rollback(journal)
         raise
     _close(journal, entries)
+
+
+def _failed(writing: Path | None, exc: OSError) -> str:
+    """What failed, naming the file: a failed write (ENOSPC, EIO) carries no file name of its own."""
+    path = exc.filename if exc.filename else writing
+    reason = exc.strerror or str(exc)
+    if path is None:
+        return reason
+    return f"cannot write {path}: {reason}" if writing is not None else f"{path}: {reason}"
+
+
+def _undo_after(journal: Journal, undo: Callable[[dict], None] | None, extra: dict | None, failure: str) -> None:
+    """Roll back after a failed write; when the rollback fails too (the same full disk), say that the
+    journal stays and the next run on the target restores the files from it, instead of "nothing was
+    changed"."""
+    try:
+        try:
+            if undo is not None:
+                undo(extra or {})
+        finally:
+            rollback(journal)
+    except (OSError, VllmPatchError) as again:
+        why = again.message if isinstance(again, VllmPatchError) else again.strerror or str(again)
+        raise TargetError(f"{failure}; the rollback failed too ({why}): the next vllm-patch run on "
+                          f"{journal.root} restores every file from the journal {journal.directory}") from None
 
 
 def _sync_parents(root: Path, entries: list[dict]) -> None:
