@@ -331,7 +331,8 @@ def judge_memory(scenario: str, tree: str, test: dict[str, Any]) -> Judgement:
 
 def _summary(result: dict[str, Any]) -> dict[str, Any]:
     keys = ("booted", "boot_s", "cudagraph_mode", "error", "failure", "returncode", "kv_cache_tokens",
-            "kv_cache_gib", "workspace_mb", "workspace_mb_profiled", "workspace_grown_after", "emulated")
+            "kv_cache_gib", "workspace_mb", "workspace_mb_profiled", "workspace_grown_after", "emulated",
+            "jit_compiled_serving")
     return {k: result[k] for k in keys if k in result}
 
 
@@ -383,5 +384,9 @@ def to_markdown(judgements: list[Judgement], meta: dict[str, Any]) -> str:
                 f"| {_fmt(w.max_gap, '{:.3f}')} ({_fmt(w.ref_max_gap, '{:.3f}')}) | {_fmt(w.tolerance, '{:.2f}')} "
                 f"| {_fmt(w.ref_median_margin, '{:.2f}')} |"
             )
+    compiled = [(j, j.test.get("jit_compiled_serving")) for j in judgements if "jit_compiled_serving" in j.test]
+    if compiled:
+        lines += ["", "Kernels compiled after the engine's warm-up (vLLM's JIT monitor; engine under test):", ""]
+        lines += [f"- {j.scenario} / {j.tree}: {', '.join(names)}" for j, names in compiled]
     lines.append("")
     return "\n".join(lines)

@@ -25,12 +25,15 @@ KV_CACHE_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 KV_MEMORY_LINE = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
 # VLLM_DEBUG_WORKSPACE=1: each growth of the workspace, with the caller that asked for it.
 WORKSPACE_LINE = re.compile(r"Resized workspace from '([^']*)': ([\d.]+) MB -> ([\d.]+) MB")
+# vLLM's JIT monitor (vllm/utils/jit_monitor.py, 0.25 and newer), active once the engine's warm-up is done: a
+# kernel compiled while serving, logged once per kernel in its default "warn" mode.
+JIT_LINE = re.compile(r"(\w+) (?:kernel JIT compilation|JIT compilation) during inference: ([\w<>]+(?:\.\w+)*)")
 
 
 def memory_figures(log: str) -> dict[str, Any]:
     """What the engine's log says of its memory: the KV cache it sized (tokens, GiB) and the workspace, in
     MB: its size when the KV cache was sized (so inside the memory profile) and at the end, with the callers
-    that grew it after."""
+    that grew it after. Also the kernels vLLM's JIT monitor saw compiled after the engine's warm-up."""
     figures: dict[str, Any] = {}
     sizes = KV_CACHE_LINE.findall(log)
     if sizes:
@@ -45,6 +48,9 @@ def memory_figures(log: str) -> dict[str, Any]:
         figures["workspace_mb_profiled"] = max(before, default=0.0)
         figures["workspace_mb"] = max(mb for _, _, mb in grows)
         figures["workspace_grown_after"] = sorted({who for at, who, _ in grows if at >= sized_at})
+    compiled = sorted({f"{backend}:{name}" for backend, name in JIT_LINE.findall(log)})
+    if compiled:
+        figures["jit_compiled_serving"] = compiled
     return figures
 
 

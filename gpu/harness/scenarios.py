@@ -215,22 +215,25 @@ def mtp(k: int) -> dict[str, Any]:
     return {"method": "mtp", "num_speculative_tokens": k}
 
 
-def _combined(preset: str, method: str, dtype: str | None = None, k: int = 3) -> Scenario:
+def _combined(preset: str, method: str, dtype: str | None = None, k: int = 3,
+              model: ModelSpec = QWEN3_NEXT12_DENSE_MTP) -> Scenario:
     """What the seeds' users run, at once: the hybrid, TurboQuant, speculation (ngram or MTP),
     FULL_AND_PIECEWISE graphs (the default), a request alone and a mixed batch of 4 in 64-token
     steps. Judged by the forced oracle: a plain decode over the same quantized cache. The dense hybrid
-    (see models.QWEN3_NEXT12_DENSE_MTP): on the MoE one a router near-tie moved one token by 18 nats."""
-    model = QWEN3_NEXT12_DENSE_MTP
+    (see models.QWEN3_NEXT12_DENSE_MTP): on the MoE one a router near-tie moved one token by 18 nats.
+    With QWEN3_NEXT12_G6D256_MTP, the users' attention geometry (24/4 heads of 256), named f-hybrid-g6d256-."""
     vocab = model.config["vocab_size"]
     workloads = (Workload("single", prompts(vocab)[:1], max_tokens=96), Workload("mixed4", prompts(vocab)))
     base: dict[str, Any] = {"kv_cache_dtype": f"turboquant_{preset}", **({"dtype": dtype} if dtype else {})}
     spec = ngram(k) if method == "ngram" else mtp(k)
     # The forced decode runs without async scheduling: the forcing reads each request's output so far.
     plain = {**base, "async_scheduling": False}
+    users = model is QWEN3_NEXT12_G6D256_MTP
     return Scenario(
-        name=f"f-hybrid-tq-{preset}-{method}{k}-{dtype or 'bfloat16'}",
-        title=f"Qwen3-Next hybrid, TurboQuant {preset}, {method} k={k}, FULL_AND_PIECEWISE, {dtype or 'bfloat16'}, "
-              "batch of 1 and mixed batch of 4, vs a plain decode forced along the same tokens",
+        name=f"f-hybrid-{'g6d256-' if users else ''}tq-{preset}-{method}{k}-{dtype or 'bfloat16'}",
+        title=f"Qwen3-Next hybrid{' (24/4 heads, head dim 256)' if users else ''}, TurboQuant {preset}, "
+              f"{method} k={k}, FULL_AND_PIECEWISE, {dtype or 'bfloat16'}, batch of 1 and mixed batch of 4, "
+              "vs a plain decode forced along the same tokens",
         test=_engine(model, workloads, speculative_config=spec, max_num_batched_tokens=64, **base),
         reference=replace(_engine(model, workloads, max_num_batched_tokens=64, **plain), force=True),
         # Other batching: whole prompts in one step.
@@ -608,7 +611,36 @@ PROBES: tuple[Scenario, ...] = (
     _route_off(_ultraquant(_arrivals("k8v4", "ngram"))),
 )
 
-BY_NAME = {s.name: s for s in (*SCENARIOS, *PROBES)}
+def tensor_parallel(s: Scenario, size: int = 2) -> Scenario:
+    """A scenario with every engine split over `size` GPUs of one host (tensor parallel): each rank holds
+    1/size of the attention and GDN heads (the users' 24/4 heads of 256 become 12/2 per rank at TP=2) and an
+    all-reduce joins the ranks after each layer; every rank takes the multi-query route's one agreed verdict."""
+    def split(e: Engine | None) -> Engine | None:
+        return None if e is None else replace(e, kwargs={**e.kwargs, "tensor_parallel_size": size})
+
+    return replace(s, name=f"{s.name}-tp{size}", title=f"{s.title}; tensor parallel over {size} GPUs",
+                   test=split(s.test), reference=split(s.reference), calibration=split(s.calibration),
+                   control=(split(s.control[0]), split(s.control[1])) if s.control else None)
+
+
+# The users' configuration split over two GPUs (2x RTX 3090/4090/A5000 at TP=2): on a two-GPU host only, so
+# selected by name (`--scenarios` with a -tp2 name, or `tp2` for all of them), never by default.
+_USERS_TP2 = tuple(_combined(preset, "mtp", k=k, model=QWEN3_NEXT12_G6D256_MTP)
+                   for preset, k in (("3bit_nc", 3), ("4bit_nc", 3), ("k8v4", 3), ("3bit_nc", 1)))
+TP2: tuple[Scenario, ...] = tuple(tensor_parallel(s) for s in (
+    *_USERS_TP2,
+    _combined("k8v4", "ngram", model=QWEN3_NEXT12_G6D256_MTP),
+    *(_consumer_smem(s) for s in _USERS_TP2[:2]),
+    _preemption("mtp"),
+    _consumer_smem(_preemption("mtp")),
+    _arrivals("4bit_nc", "mtp"),
+    # club-3090's report: a rank-1 illegal address in a long MTP run with async scheduling at TP=2.
+    _long_prompts("3bit_nc", 3),
+    _long_prompts("4bit_nc", 1),
+    twin(_combined("4bit_nc", "mtp", model=QWEN3_NEXT12_G6D256_MTP)),
+))
+
+BY_NAME = {s.name: s for s in (*SCENARIOS, *PROBES, *TP2)}
 
 
 def select(names: str | None) -> list[Scenario]:
@@ -618,6 +650,9 @@ def select(names: str | None) -> list[Scenario]:
         return list(SCENARIOS)
     chosen: list[Scenario] = []
     for word in (w.strip() for w in names.split(",")):
+        if word == "tp2":
+            chosen.extend(s for s in TP2 if s not in chosen)
+            continue
         if word.startswith("="):
             hits = [BY_NAME[word[1:]]] if word[1:] in BY_NAME else []
         else:

@@ -528,3 +528,36 @@ def test_drafts_recorder_keeps_the_outermost_proposals_while_recording():
     assert drafts.first_difference(log, [list(p) for p in log]) is None
     assert drafts.first_difference(log, [log[0], [[5, 6], [7, 9]]]).startswith("proposal 1 of 2")
     assert drafts.first_difference(log, log[:1]) == "2 proposals against 1"
+
+
+def test_jit_monitor_lines_name_the_kernels_compiled_while_serving():
+    """vLLM's JIT monitor logs a kernel compiled after the warm-up once per kernel; the figures list them."""
+    from harness.runner import memory_figures
+
+    log = ("INFO 11-27 [gpu_worker.py] Graph capturing finished\n"
+           "WARNING 11-27 [jit_monitor.py:126] Triton kernel JIT compilation during inference: _tq_mq_verify_fwd. "
+           "This causes a latency spike; consider extending warmup to cover this shape/config.\n"
+           "WARNING 11-27 [jit_monitor.py:126] Triton kernel JIT compilation during inference: "
+           "_fused_recurrent_gated_delta_rule_fwd_kernel (constexprs=...). This causes a latency spike\n"
+           "WARNING 11-27 [jit_monitor.py:126] Triton kernel JIT compilation during inference: _tq_mq_verify_fwd. "
+           "This causes a latency spike\n")
+    assert memory_figures(log)["jit_compiled_serving"] == [
+        "Triton:_fused_recurrent_gated_delta_rule_fwd_kernel", "Triton:_tq_mq_verify_fwd"]
+    assert "jit_compiled_serving" not in memory_figures("INFO nothing compiled\n")
+
+
+def test_tensor_parallel_scenarios_split_every_engine_and_run_only_when_named():
+    from harness.scenarios import TP2
+
+    assert TP2 and all(s.name.endswith("-tp2") and s.name in BY_NAME for s in TP2)
+    for s in TP2:
+        assert all(e.kwargs["tensor_parallel_size"] == 2 for e in s.engines())
+        base = BY_NAME.get(s.name.removesuffix("-tp2"))
+        if base is not None:  # the same scenario on one GPU: only the split differs
+            assert dataclasses.replace(s.test, kwargs={k: v for k, v in s.test.kwargs.items()
+                                                       if k != "tensor_parallel_size"}) == base.test
+    users = [s for s in TP2 if s.name.startswith("f-hybrid-g6d256-")]
+    assert users and all(s.test.model is models.QWEN3_NEXT12_G6D256_MTP for s in users)
+    defaults = {s.name for s in select(None)}
+    assert not {s.name for s in TP2} & defaults
+    assert [s.name for s in select("tp2")] == [s.name for s in TP2]
