@@ -224,9 +224,9 @@ def test_kernel_at_the_tiles_a_smaller_part_gets_matches_reference(mq, preset, d
 HQ, HK = 24, 4
 
 
-def _config(num_spec, max_num_seqs=8, max_num_batched_tokens=64):
+def _config(num_spec, max_num_seqs=8, max_num_batched_tokens=64, preset="4bit_nc"):
     return tq_harness.vllm_config(num_spec, HQ, max_num_seqs, 4, max_num_batched_tokens, dtype=torch.bfloat16,
-                                  cache_dtype="turboquant_4bit_nc")  # _spec()'s preset
+                                  cache_dtype=f"turboquant_{preset}")  # _spec()'s preset
 
 
 def _spec(preset="4bit_nc", head_size=256):
@@ -482,21 +482,45 @@ def _route_with_host_probes(mq, tq, monkeypatch, limits, preset: str, fits=None,
 
     monkeypatch.setattr(tq, "tq_mq_verify_probe", probe_on_the_host)
     builder = tq.TurboQuantAttentionBackend.get_builder_cls()
-    return builder.get_cudagraph_support(_config(num_spec), _spec(preset)) == tq.AttentionCGSupport.UNIFORM_BATCH
+    config = _config(num_spec, preset=preset)
+    return builder.get_cudagraph_support(config, _spec(preset)) == tq.AttentionCGSupport.UNIFORM_BATCH
 
 
-def _serve(mq, preset: str, k1: int, num_reqs: int, num_sms: int = H100_SMS, max_splits: int = 32) -> None:
+def _layer_cache(preset: str, num_blocks: int, block_size: int = 16, pad: int = 0) -> torch.Tensor:
+    """A layer's cache as forward passes it to the kernel: (blocks, KV heads, block_size, slot) bytes seen through
+    transpose(1, 2); ``pad`` bytes after each block, as vLLM leaves them when a hybrid model's pages are padded to
+    the GDN state's page size (the kernel then sees another block stride and, with a kernel block size other than
+    the spec's, another block size)."""
+    slot = references.TQLayout.from_preset(f"turboquant_{preset}", 256).slot_size_aligned
+    page = HK * block_size * slot + pad
+    raw = torch.zeros(num_blocks * page, dtype=torch.uint8)
+    return raw.as_strided((num_blocks, HK, block_size, slot), (page, block_size * slot, slot, 1)).transpose(1, 2)
+
+
+def _warm(mq, preset: str, cache: torch.Tensor, k1s, monkeypatch) -> None:
+    """What the layer does at its first call outside a capture (patch 0003: tq_mq_verify_warm), its launches
+    planned for the stand-in CUDA device 0 (the host's tensors would plan for no device)."""
+    lay = references.TQLayout.from_preset(f"turboquant_{preset}", 256)
+    planned = mq._planned_tiles
+    monkeypatch.setattr(mq, "_planned_tiles", lambda device, *a: planned(torch.device("cuda", 0), *a))
+    mq.tq_mq_verify_warm(cache, k1s, HQ, 256, torch.zeros(16), torch.zeros(256, 256), torch.bfloat16,
+                         mse_bits=lay.mse_bits, key_packed_size=lay.key_packed_size, value_bits=lay.value_bits,
+                         key_fp8=lay.key_fp8, norm_correction=lay.norm_correction, max_num_kv_splits=32)
+
+
+def _serve(mq, preset: str, k1: int, num_reqs: int, num_sms: int = H100_SMS, max_splits: int = 32,
+           cache: torch.Tensor | None = None) -> None:
     """One launch as the layer makes it on a GPU of num_sms SMs (_multi_query_attention): num_reqs requests of k1
-    queries, the cache in the layer's layout (blocks, KV heads, block_size, slot) seen through transpose(1, 2),
-    flat split partials and the rotated queries from the workspace, the tiles the route chose for this device
-    (``_planned_tiles``) and the launcher's split rule for num_sms SMs (the host has none)."""
+    queries, the cache in the layer's layout (``_layer_cache``), flat split partials and the rotated queries from
+    the workspace, the tiles the route chose for this device (``_planned_tiles``) and the launcher's split rule
+    for num_sms SMs (the host has none)."""
     lay = references.TQLayout.from_preset(f"turboquant_{preset}", 256)
     group, rows = HQ // HK, num_reqs * k1
     tiles = mq._planned_tiles(torch.device("cuda", 0), k1, group, 256, lay.mse_bits, lay.key_fp8)
     splits = mq.tq_mq_verify_num_splits(num_reqs * HK * tiles.m_tiles, num_sms, max_splits)
     mq.triton_turboquant_mq_verify_attention(
         torch.zeros(rows, HQ, 256, dtype=torch.bfloat16),
-        torch.zeros(num_reqs, HK, 16, lay.slot_size_aligned, dtype=torch.uint8).transpose(1, 2),
+        _layer_cache(preset, num_reqs) if cache is None else cache,
         torch.arange(num_reqs, dtype=torch.int32)[:, None], torch.full((num_reqs,), k1, dtype=torch.int32), k1,
         torch.zeros(16), 0.0625, lay.mse_bits, lay.key_packed_size, lay.value_bits,
         torch.empty(rows, HQ, 256, dtype=torch.bfloat16), torch.empty(rows * max_splits * HQ * 257),
@@ -504,21 +528,30 @@ def _serve(mq, preset: str, k1: int, num_reqs: int, num_sms: int = H100_SMS, max
         norm_correction=lay.norm_correction, max_num_kv_splits=max_splits, num_kv_splits=splits, tiles=tiles)
 
 
-@pytest.mark.parametrize(("preset", "num_spec"), [("k8v4", 3), ("4bit_nc", 3), ("3bit_nc", 3), ("3bit_nc", 0)])
-def test_serving_compiles_no_kernel_variant_the_route_did_not_probe(mq, on_a_gpu, monkeypatch, preset, num_spec):
+@pytest.mark.parametrize(("preset", "num_spec", "hybrid"), [("k8v4", 3, False), ("4bit_nc", 3, False),
+                                                        ("3bit_nc", 3, False), ("3bit_nc", 0, False),
+                                                        ("4bit_nc", 3, True), ("k8v4", 1, True)])
+def test_serving_compiles_no_kernel_variant_the_route_did_not_probe(mq, on_a_gpu, monkeypatch, preset, num_spec,
+                                                                   hybrid):
     """Every batch serving can send (K+1 from 1 to 1 + K: uniform batches of shorter drafts take their own
     length; 1 to 16 requests, so every split count the launcher takes on an H100) launches only kernel variants
     the route's probes launched before the first capture: Triton's binder gives each launch its compile key
     (launch_keys.py) and serving adds none. A variant first launched while serving compiles then (seconds, and an
     error under vLLM's JIT monitor in error mode); the split count and the partials' strides are kept out of the
-    key, K+1 and the preset's norm correction are probed. Without drafts (K+1 = 1 only) too."""
+    key, K+1 and the preset's norm correction are probed. Without drafts (K+1 = 1 only) too.
+
+    A hybrid model's cache has a kernel block size other than the spec's the route probes (32 for 16) and padded
+    pages (another block stride): Triton specializes on both, so the layer's first call launches every variant on
+    its own cache (``tq_mq_verify_warm``) before serving; those launches count with the probes'."""
     recorder = launch_keys.record_launches(mq, monkeypatch)
     assert _route_with_host_probes(mq, on_a_gpu, monkeypatch, mq.TQMQLimits(*RTX_3090), preset, num_spec=num_spec)
+    cache = _layer_cache(preset, 16, block_size=32, pad=48) if hybrid else _layer_cache(preset, 16)
+    _warm(mq, preset, cache, range(1, num_spec + 2), monkeypatch)
     probed = recorder.keys()
     recorder.launches.clear()
     for k1 in range(1, num_spec + 2):
         for num_reqs in range(1, 17):
-            _serve(mq, preset, k1, num_reqs)
+            _serve(mq, preset, k1, num_reqs, cache=cache)
     served = recorder.keys()
     assert len({launch.kernel for launch in served}) == (2 if preset == "k8v4" else 3)
     new = served - probed
@@ -558,3 +591,4 @@ def test_every_variant_the_route_launches_compiles_for_sm75(mq, on_a_gpu, monkey
     bad = [(launch.kernel, res.get("error") or res["shared"]) for launch, res in zip(launches, results, strict=True)
            if "error" in res or res["shared"] > t4.max_shared]
     assert not bad, bad
+
