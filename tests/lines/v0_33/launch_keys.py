@@ -1,12 +1,13 @@
 """What a launch of the multi-query kernels would compile, without a GPU.
 
 ``record_launches(mod, monkeypatch)`` stands in for the three Triton kernels of the verify kernel file (the
-verify kernel, the merge of its splits, the query rotation): each launch the file's code makes is bound by Triton's
-own binder for a CUDA target (``create_function_from_signature``: the specialization the JIT computes at a
-launch: argument types, 16-byte divisibility, ints equal to 1, constexpr values, ``do_not_specialize``), and its
-compile key (kernel, specialization, options) is recorded; nothing runs. Two launches with the same key run the
-same compiled kernel, so the keys serving launches produce that the route's probes did not are kernels serving
-would compile. ``compile_launches`` compiles recorded launches ahead of time for a target (tq_mq_aot.py, in an
+verify kernel, the merge of its splits, the query rotation): each launch the file's code makes
+(``kernel[grid](...)`` and the compile-only ``kernel.warmup(..., grid=...)`` alike) is bound by Triton's own
+binder for a CUDA target (``create_function_from_signature``: the specialization the JIT computes at a launch:
+argument types, 16-byte divisibility, ints equal to 1, constexpr values, ``do_not_specialize``), and its compile
+key (kernel, specialization, options) is recorded; nothing runs. Two launches with the same key run the same
+compiled kernel, so the keys serving launches produce that the route's probes did not are kernels serving would
+compile. ``compile_launches`` compiles recorded launches ahead of time for a target (tq_mq_aot.py, in an
 interpreter of its own: this one interprets).
 """
 
@@ -50,6 +51,10 @@ class _Kernel:
             self.recorder.launches.append(Launch(self.name, spec, tuple(sorted(options.items()))))
 
         return launch
+
+    def warmup(self, *args, grid, **kwargs):
+        """Triton's compile without a launch binds as a launch does: the same key."""
+        self[grid](*args, **kwargs)
 
 
 def record_launches(mod, monkeypatch, capability: int = 90) -> Recorder:

@@ -123,6 +123,7 @@ class Recorder:
     def __init__(self) -> None:
         self.seq_lens: list[list[int]] = []
         self.mq_calls: list[dict] = []  # the multi-query kernel's calls: k1, rows, scratch shapes
+        self.warmed: list[tuple[int, ...]] = []  # the K+1 values each layer compiled its variants for
 
     def attend(self, query, kv_cache, block_table, seq_lens, scale) -> torch.Tensor:
         lens = [int(x) for x in seq_lens.tolist()]
@@ -179,9 +180,14 @@ def mq_stand_in(rec: Recorder) -> ModuleType:
     def num_splits(num_programs: int, num_sms: int, max_num_kv_splits: int) -> int:
         return min(2, max_num_kv_splits)
 
+    # A layer's first call compiles the real kernel's variants for its cache: the stand-in has none to compile.
+    def warm(kv_cache, k1s, *a, **k) -> None:
+        rec.warmed.append(tuple(k1s))
+
     return _module("mq", triton_turboquant_mq_verify_attention=attention, tq_mq_verify_supports=supports,
                    tq_mq_device_limits=limits, tq_mq_verify_probe=unused, tq_mq_verify_select=select,
-                   tq_mq_verify_split_rows=split_rows, tq_mq_verify_num_splits=num_splits)
+                   tq_mq_verify_split_rows=split_rows, tq_mq_verify_num_splits=num_splits,
+                   tq_mq_verify_warm=warm)
 
 
 def _module(name: str, **attrs) -> ModuleType:
@@ -826,4 +832,6 @@ def bare_impl(cls, num_heads: int, num_kv_heads: int, head_size: int):
     impl._soa_store = False
     impl._use_ultraquant_flydsl = False
     impl._flydsl_decode_eligible = False
+    impl._multi_query_k1s = (1, 2, 3, 4)  # __init__: every K+1 the builder can send (MTP K=3 here)
+    impl._multi_query_warm = False
     return impl
