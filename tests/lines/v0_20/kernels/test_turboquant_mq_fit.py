@@ -57,11 +57,15 @@ def _added_lines(patch: Path, path: str) -> list[str]:
     raise LookupError(f"{patch} does not create {path}")
 
 
-def test_the_current_kernel_is_line_v020s_with_its_two_measured_changes():
+def test_the_current_kernel_is_line_v020s_with_its_measured_and_runtime_variant_changes():
     """The kernel tests here run line v0.20's kernel file; the current line's is the same file with two changes
     measured on the H100 (patches/NOTES.md): the 4-bit values' loads (scale and zero in one 32-bit word, nibbles
-    to float16 through the mantissa of 1024) and 32-token steps for 32-row tiles of 4-bit keys at D=256 on CUDA.
-    Anything else that differs would go untested by this folder."""
+    to float16 through the mantissa of 1024) and 32-token steps for 32-row tiles of 4-bit keys at D=256 on CUDA;
+    and the changes that keep serving from compiling new variants, which tests/lines/v0_33/test_tq_mq_fit.py
+    tests: the split count and the partials' strides as unspecialized arguments (``SPLIT`` the only constexpr
+    left of them), a probe of every variant (K+1, splits and merge, norm correction, the layer's layout) and the
+    layer's compile without a launch (``tq_mq_verify_warm``, ``compile_only``). Anything else that differs would
+    go untested."""
     current = _added_lines(PROJECT / "patches" / "0003-turboquant-multi-query-verify-kernel.patch", VERIFY)
     v020 = _added_lines(PROJECT / "lines" / "v0.20" / "patches" / "0007-turboquant-multi-query-verify-kernel.patch",
                         VERIFY)
@@ -69,13 +73,17 @@ def test_the_current_kernel_is_line_v020s_with_its_two_measured_changes():
            SequenceMatcher(None, v020, current, autojunk=False).get_opcodes() if tag != "equal"]
     removed = "".join(line for old, _ in ops for line in old)
     added = "".join(line for _, new in ops for line in new)
-    # What went: the byte-wise scale/zero loads, the integer-to-float nibbles, one docstring line.
+    # What went: the byte-wise scale/zero loads, the integer-to-float nibbles, the split count as a constexpr, the
+    # probe's single launch.
     assert removed.count("tl.load(KV_ptr + sz") == 4 and removed.count(".to(tl.float16)") == 2
-    assert removed.count("\n") == 10, removed
-    # What came: the one-word load (with the byte-wise one as its fallback), the mantissa trick, the tile rule.
+    assert "NUM_SPLITS: tl.constexpr" in removed and "NUM_SPLITS" not in "".join(current)
+    assert removed.count("\n") == 82, removed
+    # What came: the one-word load (with the byte-wise one as its fallback), the mantissa trick, the tile rule; the
+    # unspecialized split arguments, the probe of every variant, the compile without a launch.
     assert "tl.pointer_type(tl.uint32)" in added and added.count("0x6400") == 3 and "- 1024.0" in added
     assert "head_dim == 256" in added and "block_n //= 2" in added
-    assert added.count("\n") == 36, added
+    assert added.count("do_not_specialize") == 3 and "def tq_mq_verify_warm(" in added and "compile_only" in added
+    assert added.count("\n") == 258, added
 
 
 @pytest.fixture
