@@ -6,10 +6,14 @@ test_upstream_outlook.py.)"""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from vllm_patch.lifecycle.obsolete import Judge, conditions, project_test_runner
 from vllm_trees import PROJECT
+
+UQ = "vllm/v1/attention/backends/ultraquant_attn.py"
 
 
 def _reader(root):
@@ -55,3 +59,22 @@ def test_still_needed_on_the_release_and_obsolete_where_the_fix_is(v033_series, 
         if on_line is None or not on_line.whole:
             problems.append(f"{patch.name} with the line: {on_line.describe() if on_line else 'no part holds'}")
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.integration
+@pytest.mark.slow  # pytest on one tree, as outlook runs the checks
+def test_ultraquant_checks_read_obsolete_on_a_base_without_ultraquant(v033_series, v033_pristine_tree, tmp_path):
+    """A new base without UltraQuant leaves 0001 nothing to fix there: its UltraQuant checks pass (a skip would be
+    no verdict, and the part could never read obsolete), while its TurboQuant checks still fail as on the release."""
+    [first] = [p for p in v033_series.patches if p.name.startswith("0001-")]
+    nodes = [c.text for c in conditions(first)]
+    if not any("ultraquant" in n for n in nodes):
+        pytest.skip(f"{first.name} of this line has no UltraQuant check: its release has no UltraQuant")
+    tree = tmp_path / "no-ultraquant"
+    shutil.copytree(v033_pristine_tree, tree, symlinks=True)
+    (tree / UQ).unlink()
+    verdicts = project_test_runner(PROJECT, lambda: tree).many(nodes)
+    ultraquant = [n for n in nodes if "ultraquant" in n]
+    turboquant = [n for n in nodes if "turboquant" in n]
+    assert ultraquant and all(verdicts[n][0] for n in ultraquant), {n: verdicts[n] for n in ultraquant}
+    assert turboquant and not any(verdicts[n][0] for n in turboquant), {n: verdicts[n] for n in turboquant}

@@ -33,6 +33,7 @@ import contextlib
 import dataclasses
 import enum
 import math
+import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -92,6 +93,18 @@ def tree_defines(tree: Path, relpath: str, name: str) -> bool:
 def has_ultraquant(tree: Path) -> bool:
     """Whether the tree has the UltraQuant backend (0.33 does; 0.27.1 and 0.32.0's predecessors do not)."""
     return (Path(tree) / UQ).is_file()
+
+
+def ultraquant_or_obsolete(tree: Path) -> bool:
+    """Whether ``tree`` has UltraQuant to test. Without it, the line's own runs skip the case (no line can carry an
+    UltraQuant fix there); run as an ``Obsolete-If`` check on a new base ($VLLM_PATCH_BASE_UNDER_TEST), there is no
+    UltraQuant left for the fix to fix, so the check reads obsolete: False, and the caller's test returns (passes)."""
+    if has_ultraquant(tree):
+        return True
+    if os.environ.get("VLLM_PATCH_BASE_UNDER_TEST"):
+        return False
+    skip_without_ultraquant(tree)
+    return False
 
 
 def skip_without_ultraquant(tree: Path) -> None:
