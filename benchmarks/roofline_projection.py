@@ -51,6 +51,9 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu" / "fit"))
+import fitmatrix  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 REPORTS = HERE.parent / "tests" / "gpu" / "reports"
 H100_REPORTS = tuple(
@@ -216,28 +219,12 @@ CARD = {c.name: c for c in CARDS}
 # ---------------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Preset:
-    """A TurboQuant preset's slot (vLLM's TQ_PRESETS and TurboQuantConfig: key bits, 8 = FP8 keys)."""
-
-    name: str
-    key_bits: int
-    value_bits: int
-    norm_correction: bool
-
-    @property
-    def key_fp8(self) -> bool:
-        return self.key_bits == 8
-
-    @property
-    def mse_bits(self) -> int:
-        return 0 if self.key_fp8 else self.key_bits
+class Preset(fitmatrix.Preset):
+    """A TurboQuant preset's slot: gpu/fit/fitmatrix.py's table (vLLM's TQ_PRESETS and TurboQuantConfig: key
+    bits, 8 = FP8 keys), with the byte counts the projection reads."""
 
     def mse_bytes(self, d: int) -> int:
         return math.ceil(d * self.mse_bits / 8)
-
-    def key_packed_size(self, d: int) -> int:
-        return d if self.key_fp8 else self.mse_bytes(d) + 2
 
     def value_data_bytes(self, d: int) -> int:
         return math.ceil(d * self.value_bits / 8)
@@ -249,12 +236,7 @@ class Preset:
         return self.slot_size(d) + self.slot_size(d) % 2
 
 
-PRESETS = (
-    Preset("k8v4", 8, 4, False),
-    Preset("4bit_nc", 4, 4, True),
-    Preset("k3v4_nc", 3, 4, True),
-    Preset("3bit_nc", 3, 3, True),
-)
+PRESETS = tuple(Preset(**asdict(p)) for p in fitmatrix.PRESETS)
 PRESET = {p.name: p for p in PRESETS}
 
 
