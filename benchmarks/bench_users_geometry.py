@@ -60,15 +60,16 @@ def prompts(context: int, count: int = 8) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(rng.randrange(vocab) for _ in range(context)) for _ in range(count))
 
 
-def configurations(preset: str, contexts: list[int]) -> list[tuple[str, str, Engine]]:
-    """(label, tree, engine) of the comparison."""
+def configurations(preset: str, contexts: list[int], tensor_parallel: int = 1) -> list[tuple[str, str, Engine]]:
+    """(label, tree, engine) of the comparison; every engine split over ``tensor_parallel`` GPUs."""
     workloads = tuple(Workload(f"ctx{c}", prompts(c), max_tokens=OUTPUT_TOKENS) for c in contexts)
     base = {**COMMON, "load_format": "dummy", "max_model_len": max(contexts) + 2 * OUTPUT_TOKENS,
             "kv_cache_memory_bytes": 4 << 30, "gpu_memory_utilization": 0.1,
             # Prompt chunks of at most 2,048 tokens (`vllm serve`'s default on smaller GPUs): with the offline
             # default, four engines' 8k prefills of batch 8 outgrew an 80 GB GPU.
             "max_num_batched_tokens": 2048,
-            "kv_cache_dtype": f"turboquant_{preset}", "additional_config": {"gdn_prefill_backend": "triton"}}
+            "kv_cache_dtype": f"turboquant_{preset}", "additional_config": {"gdn_prefill_backend": "triton"},
+            **({"tensor_parallel_size": tensor_parallel} if tensor_parallel > 1 else {})}
 
     def engine(spec: bool = True, **extra) -> Engine:
         kwargs = {**base, **({"speculative_config": mtp(3)} if spec else {}), **extra}
@@ -96,12 +97,14 @@ def main() -> int:
     parser.add_argument("--batches", default="1,8", help="batch sizes, comma-separated")
     parser.add_argument("--goal", type=float, default=0.7, help="first-position acceptance to calibrate to")
     parser.add_argument("--rounds", type=int, default=5, help="timed runs of each configuration (after a warm-up)")
+    parser.add_argument("--tensor-parallel", type=int, default=1,
+                        help="GPUs each engine is split over (2: the users' two cards; 12/2 heads a rank)")
     parser.add_argument("--min-seconds", type=float, default=3.0, help="least decoding time of one run")
     args = parser.parse_args()
     trees = {label: Path(path) for label, _, path in (t.partition("=") for t in args.tree)}
     contexts = [int(c) for c in args.contexts.split(",")]
     batches = [int(b) for b in args.batches.split(",")]
-    rows = configurations(args.preset, contexts)
+    rows = configurations(args.preset, contexts, args.tensor_parallel)
     missing = {tree for _, tree, _ in rows} - set(trees)
     if missing:
         raise SystemExit(f"--tree needed for: {', '.join(sorted(missing))}")
@@ -122,7 +125,9 @@ def main() -> int:
               f"{', '.join(f'{a:.3g}: {r:.2f}' for a, r in calibration['probes'])}", file=sys.stderr, flush=True)
         for label in labels[1:]:
             answer = fleet.ask(label, {"weights": alpha})
-            if "error" in answer:  # that engine would time another model: no comparison
+            if "error" in answer and fleet.members[label].failed:  # did not boot: its rows say why
+                print(f"[bench] {label}: not booted: {fleet.members[label].failed[:200]}", file=sys.stderr)
+            elif "error" in answer:  # that engine would time another model: no comparison
                 raise SystemExit(f"{label}: weights failed: {answer['error']}")
         for context in contexts:
             for batch in batches:
@@ -148,7 +153,8 @@ def main() -> int:
                               f"({run['seconds']:.1f} s)", file=sys.stderr, flush=True)
     finally:
         fleet.close()
-    print(f"\nusers' geometry: {MODEL.name} (Qwen3.6-27B widths, 8 layers), MTP K=3, TurboQuant {args.preset}, "
+    split = f", tensor parallel over {args.tensor_parallel} GPUs" if args.tensor_parallel > 1 else ""
+    print(f"\nusers' geometry: {MODEL.name} (Qwen3.6-27B widths, 8 layers{split}), MTP K=3, TurboQuant {args.preset}, "
           f"acceptance calibrated to {args.goal:.2f} at the first position (alpha {alpha:.4g}); 8 prompts of each "
           f"context, {OUTPUT_TOKENS} tokens each; {args.rounds} interleaved runs of >= {args.min_seconds:.0f} s "
           f"after a warm-up; output tokens/s")

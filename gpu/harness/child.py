@@ -187,11 +187,16 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         # Warm-up: each workload on other prompts (reversed, so no prefix-cache hit; a repeating
         # prompt still repeats, so drafts get accepted), at full length: Triton JIT of every
         # kernel variant the workload reaches and lazy initialisation stay out of the timings.
-        for w in job["workloads"]:
+        # With jit_strict, one request alone, then no kernel may compile (strict_jit_after_warmup).
+        warmups = [{"prompts": w["prompts"][:1], "max_tokens": w["max_tokens"]} for w in job["workloads"][:1]] \
+            if job.get("jit_strict") else job["workloads"]
+        for w in warmups:
             llm.generate([{"prompt_token_ids": list(reversed(p))} for p in w["prompts"]],
                          SamplingParams(temperature=0.0, max_tokens=w["max_tokens"], detokenize=False,
                                         ignore_eos=True), use_tqdm=False)
         result["warmup_s"] = round(time.perf_counter() - started - result["boot_s"], 1)
+        if job.get("jit_strict"):
+            result["jit_after_first_request"] = strict_jit_after_warmup()
         for w in job["workloads"]:
             params = SamplingParams(temperature=0.0, max_tokens=w["max_tokens"], min_tokens=w["max_tokens"],
                                     detokenize=False, ignore_eos=True,
@@ -221,6 +226,30 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         result["error"] = where(exc)
         result["traceback"] = traceback.format_exc()[-4000:]
     return result
+
+
+def strict_jit_after_warmup() -> list[str] | str:
+    """From now on any Triton kernel compiled in this process is recorded and fails the request that compiles it:
+    vLLM's own JIT monitor (vllm/utils/jit_monitor.py, 0.25 and newer), active since the engine's warm-up, switched
+    to its error mode, with a hook in front of it that records the kernel's name. The engine's worker runs in this
+    process (VLLM_ENABLE_V1_MULTIPROCESSING=0, one GPU). Returns the live record, or why there is none."""
+    try:
+        from triton import knobs
+        from vllm.utils import jit_monitor
+    except ImportError as exc:
+        return f"no JIT monitor: {exc}"
+    if not jit_monitor.is_active():
+        return "the JIT monitor is not active in this process"
+    compiled: list[str] = []
+    monitor = knobs.runtime.jit_post_compile_hook
+
+    def record(**kwargs):
+        compiled.append(getattr(kwargs.get("fn"), "name", "<unknown>"))
+        return monitor(**kwargs)
+
+    jit_monitor._mode = "error"
+    knobs.runtime.jit_post_compile_hook = record
+    return compiled
 
 
 def _run_forced(llm, sampling_params, job: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:

@@ -332,7 +332,7 @@ def judge_memory(scenario: str, tree: str, test: dict[str, Any]) -> Judgement:
 def _summary(result: dict[str, Any]) -> dict[str, Any]:
     keys = ("booted", "boot_s", "cudagraph_mode", "error", "failure", "returncode", "kv_cache_tokens",
             "kv_cache_gib", "workspace_mb", "workspace_mb_profiled", "workspace_grown_after", "emulated",
-            "jit_compiled_serving")
+            "jit_compiled_serving", "jit_after_first_request")
     return {k: result[k] for k in keys if k in result}
 
 
@@ -388,5 +388,11 @@ def to_markdown(judgements: list[Judgement], meta: dict[str, Any]) -> str:
     if compiled:
         lines += ["", "Kernels compiled after the engine's warm-up (vLLM's JIT monitor; engine under test):", ""]
         lines += [f"- {j.scenario} / {j.tree}: {', '.join(names)}" for j, names in compiled]
+    strict = [(j, j.test["jit_after_first_request"]) for j in judgements if "jit_after_first_request" in j.test]
+    if strict:
+        lines += ["", "Kernels compiled after the first request (vLLM's JIT monitor in error mode from then on; "
+                      "engine under test):", ""]
+        lines += [f"- {j.scenario} / {j.tree}: "
+                  + (names if isinstance(names, str) else ", ".join(names) or "none") for j, names in strict]
     lines.append("")
     return "\n".join(lines)

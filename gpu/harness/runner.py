@@ -71,6 +71,7 @@ def _job(engine: Engine, model_dir: Path, force: dict[str, list[list[int]]] | No
         "score": engine.score,
         "force": force,
         "logprobs": engine.logprobs,
+        "jit_strict": engine.jit_strict,
     }
 
 

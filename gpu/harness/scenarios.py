@@ -55,12 +55,16 @@ class Engine:
     env: tuple[tuple[str, str], ...] = ()
     # Also record the logprob of every emitted token (the `twin` oracle compares them bit for bit).
     logprobs: bool = False
+    # Warm up on the first request alone, then fail on any kernel compiled after it (vLLM's JIT monitor in its
+    # error mode; harness.child.strict_jit_after_warmup). One GPU: the monitor of a worker in the child's process.
+    jit_strict: bool = False
 
     def key(self) -> str:
         """Engines with the same key give the same tokens; a shared reference runs once."""
         return json.dumps({"model": self.model.key(), "kwargs": self.kwargs, "score": self.score,
                            "force": self.force, **({"env": list(map(list, self.env))} if self.env else {}),
                            **({"logprobs": True} if self.logprobs else {}),
+                           **({"jit_strict": True} if self.jit_strict else {}),
                            "workloads": [[w.name, w.prompts, w.max_tokens, *([w.arrivals] if w.arrivals else [])]
                                          for w in self.workloads]},
                           sort_keys=True)
@@ -328,6 +332,39 @@ def _arrivals(preset: str, method: str) -> Scenario:
         calibration=_engine(model, workloads, **{**plain, "max_num_seqs": 1}),
         unpatched="0.33.0: FULL graphs over the host-driven verify loop (0001's bug) on every verify step",
         fixed_by=("0001", "0003"),
+        oracle="forced",
+    )
+
+
+def _jit_strict(preset: str, method: str) -> Scenario:
+    """No kernel compiled while serving: after a first request alone, 16 requests of different lengths arrive
+    one or two an engine step (batches of 1 to 16 requests, whole prompts beside verify rows), then 12 at once,
+    in the users' attention geometry on 99 KiB of shared memory a block. The engine under test runs with vLLM's
+    JIT monitor in its error mode from the end of the first request (Engine.jit_strict): a kernel variant first
+    met at some batch size (a split count, a K+1, a cache layout the route did not compile before serving)
+    fails the run and is named. Tokens judged by the forced oracle, as the arrivals scenario."""
+    model = QWEN3_NEXT12_G6D256_MTP
+    vocab = model.config["vocab_size"]
+    sixteen = tuple(_prompt(120 + i, 40 + 9 * i, vocab, period=(4 + i % 5 if method == "ngram" else None))
+                    for i in range(16))
+    workloads = (Workload("arrivals16", sixteen, max_tokens=48,
+                          arrivals=(0, 0, 1, 2, 3, 5, 7, 9, 12, 15, 18, 22, 26, 30, 35, 40)),
+                 Workload("batch12", sixteen[4:], max_tokens=48))
+    base: dict[str, Any] = {"kv_cache_dtype": f"turboquant_{preset}"}
+    spec = ngram(3) if method == "ngram" else mtp(3)
+    plain = {**base, "async_scheduling": False, "max_num_batched_tokens": 2048}
+    test = _engine(model, workloads, speculative_config=spec, max_num_batched_tokens=512, **base)
+    return Scenario(
+        name=f"j-hybrid-g6d256-tq-{preset}-{method}3-jit",
+        title=f"Qwen3-Next hybrid (24/4 heads, head dim 256), TurboQuant {preset}, {method} k=3, "
+              "FULL_AND_PIECEWISE, 99 KiB of shared memory a block, batches of 1 to 16 requests after a first "
+              "request alone, vLLM's JIT monitor in error mode from then on, vs a plain decode forced along the "
+              "same tokens",
+        test=replace(test, jit_strict=True, env=(("VLLM_TURBOQUANT_MQ_MAX_SHARED_MEMORY", "101376"),)),
+        reference=replace(_engine(model, workloads, **plain), force=True),
+        calibration=_engine(model, workloads, **{**plain, "max_num_seqs": 1}),
+        unpatched="0.33.0: FULL graphs over the host-driven verify loop (0001's bug) on every verify step",
+        fixed_by=("0001", "0003", "0006"),
         oracle="forced",
     )
 
@@ -640,7 +677,10 @@ TP2: tuple[Scenario, ...] = tuple(tensor_parallel(s) for s in (
     twin(_combined("4bit_nc", "mtp", model=QWEN3_NEXT12_G6D256_MTP)),
 ))
 
-BY_NAME = {s.name: s for s in (*SCENARIOS, *PROBES, *TP2)}
+# No kernel compiled while serving (one GPU): selected by name (`--scenarios j`), never by default.
+JIT: tuple[Scenario, ...] = (_jit_strict("3bit_nc", "mtp"), _jit_strict("k8v4", "ngram"))
+
+BY_NAME = {s.name: s for s in (*SCENARIOS, *PROBES, *TP2, *JIT)}
 
 
 def select(names: str | None) -> list[Scenario]:

@@ -561,3 +561,51 @@ def test_tensor_parallel_scenarios_split_every_engine_and_run_only_when_named():
     defaults = {s.name for s in select(None)}
     assert not {s.name for s in TP2} & defaults
     assert [s.name for s in select("tp2")] == [s.name for s in TP2]
+
+
+@pytest.mark.integration
+def test_a_strict_engine_fails_and_names_a_kernel_compiled_after_its_first_request(monkeypatch):
+    """Engine.jit_strict: after the first request, vLLM's own JIT monitor (0.33.0's file, activated as the worker
+    activates it after warm-up) raises on a Triton compile, and the child's record names the kernel."""
+    import types
+
+    from triton import knobs
+
+    from harness.child import strict_jit_after_warmup
+    from vllm_patch.infrastructure.downloads import pinned_base_tree
+    from vllm_patch.lines import CURRENT, line_named
+    from vllm_tree import load_module
+    from vllm_trees import PROJECT
+
+    tree = pinned_base_tree(line_named(PROJECT, CURRENT).load().pin, quiet=True)
+    monitor = load_module(tree, "vllm/utils/jit_monitor.py")
+    monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", None)
+    vllm_utils = types.ModuleType("vllm.utils")
+    vllm_utils.jit_monitor = monitor
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    monkeypatch.setitem(sys.modules, "vllm.utils", vllm_utils)
+    monkeypatch.setitem(sys.modules, "vllm.utils.jit_monitor", monitor)
+    assert strict_jit_after_warmup() == "the JIT monitor is not active in this process"
+    monkeypatch.setattr(monitor, "_active", False)
+    monitor.activate(mode="warn", verbose=True)  # verbose: every compile logged (the shimmed logger has no _once)
+    knobs.runtime.jit_post_compile_hook(fn=types.SimpleNamespace(name="_before"))  # warm-up: logged, not raised
+    compiled = strict_jit_after_warmup()
+    assert compiled == []
+    with pytest.raises(RuntimeError, match="_tq_mq_verify_fwd"):
+        knobs.runtime.jit_post_compile_hook(fn=types.SimpleNamespace(name="_tq_mq_verify_fwd"))
+    assert compiled == ["_tq_mq_verify_fwd"]
+
+
+def test_strict_jit_scenarios_warm_up_once_and_judge_the_engine_under_the_consumer_cap():
+    from harness.scenarios import JIT
+
+    assert JIT and all(s.name in BY_NAME and s.name not in {x.name for x in SCENARIOS} for s in JIT)
+    assert select("j") == list(JIT)
+    for s in JIT:
+        assert s.test.jit_strict and not s.reference.jit_strict
+        assert dict(s.test.env)["VLLM_TURBOQUANT_MQ_MAX_SHARED_MEMORY"] == "101376"
+        assert s.test.model is models.QWEN3_NEXT12_G6D256_MTP
+        arrivals = s.test.workloads[0].arrivals
+        assert len(set(arrivals)) > 8 and len(arrivals) == 16
+    assert '"jit_strict": true' in JIT[0].test.key()
+    assert "jit_strict" not in JIT[0].reference.key()

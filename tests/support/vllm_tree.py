@@ -96,6 +96,11 @@ def _shim_triton_utils(module: ModuleType) -> None:
                            LOG2E=1.4426950408889634, LOGE2=0.6931471805599453)
 
 
+def _shim_triton_importing(module: ModuleType) -> None:
+    # vllm/utils/jit_monitor.py asks whether Triton is there (the real module asks vllm's installed version).
+    module.HAS_TRITON = True
+
+
 def _shim_platforms(module: ModuleType) -> None:
     module.current_platform = _Platform()
 
@@ -113,6 +118,7 @@ def _shim_logger(module: ModuleType) -> None:
 
 SHIMS: dict[str, Callable[[ModuleType], None]] = {
     "vllm.triton_utils": _shim_triton_utils,
+    "vllm.triton_utils.importing": _shim_triton_importing,
     "vllm.platforms": _shim_platforms,
     "vllm.v1.attention.backends.utils": _shim_backend_utils,
     "vllm.logger": _shim_logger,
