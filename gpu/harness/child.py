@@ -232,7 +232,9 @@ def strict_jit_after_warmup() -> list[str] | str:
     """From now on any Triton kernel compiled in this process is recorded and fails the request that compiles it:
     vLLM's own JIT monitor (vllm/utils/jit_monitor.py, 0.25 and newer), active since the engine's warm-up, switched
     to its error mode, with a hook in front of it that records the kernel's name. The engine's worker runs in this
-    process (VLLM_ENABLE_V1_MULTIPROCESSING=0, one GPU). Returns the live record, or why there is none."""
+    process (VLLM_ENABLE_V1_MULTIPROCESSING=0, one GPU). Returns the live record, or why there is none.
+    VP_JIT_RECORD=1 keeps the monitor's mode: every kernel compiled after the first request is recorded (and, with
+    the engine's jit_monitor_verbose, logged with its specialization), for finding what a strict run stopped at."""
     try:
         from triton import knobs
         from vllm.utils import jit_monitor
@@ -247,7 +249,8 @@ def strict_jit_after_warmup() -> list[str] | str:
         compiled.append(getattr(kwargs.get("fn"), "name", "<unknown>"))
         return monitor(**kwargs)
 
-    jit_monitor._mode = "error"
+    if os.environ.get("VP_JIT_RECORD") != "1":  # VP_JIT_RECORD=1: record every compile, raise on none
+        jit_monitor._mode = "error"
     knobs.runtime.jit_post_compile_hook = record
     return compiled
 

@@ -353,7 +353,9 @@ def _jit_strict(preset: str, method: str) -> Scenario:
     base: dict[str, Any] = {"kv_cache_dtype": f"turboquant_{preset}"}
     spec = ngram(3) if method == "ngram" else mtp(3)
     plain = {**base, "async_scheduling": False, "max_num_batched_tokens": 2048}
-    test = _engine(model, workloads, speculative_config=spec, max_num_batched_tokens=512, **base)
+    # jit_monitor_verbose: each compile logged with its constexprs and signature (vLLM 0.25 and newer).
+    test = _engine(model, workloads, speculative_config=spec, max_num_batched_tokens=512, jit_monitor_verbose=True,
+                   **base)
     return Scenario(
         name=f"j-hybrid-g6d256-tq-{preset}-{method}3-jit",
         title=f"Qwen3-Next hybrid (24/4 heads, head dim 256), TurboQuant {preset}, {method} k=3, "

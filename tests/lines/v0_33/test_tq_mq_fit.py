@@ -508,6 +508,15 @@ def _warm(mq, preset: str, cache: torch.Tensor, k1s, monkeypatch) -> None:
                          key_fp8=lay.key_fp8, norm_correction=lay.norm_correction, max_num_kv_splits=32)
 
 
+def _block_table(num_reqs: int, max_num_seqs: int = 256, max_model_len: int = 4096, block_size: int = 16):
+    """The block table as the layer gets it: the first num_reqs rows of the scheduler's (max_num_seqs,
+    cdiv(max_model_len, block_size)) table, so its row stride is the model's blocks per request, whatever the
+    batch (the route's probes and the layer's first-call compile use one-row tables of their own)."""
+    table = torch.zeros(max_num_seqs, -(-max_model_len // block_size), dtype=torch.int32)
+    table[:num_reqs, 0] = torch.arange(num_reqs, dtype=torch.int32)
+    return table[:num_reqs]
+
+
 def _serve(mq, preset: str, k1: int, num_reqs: int, num_sms: int = H100_SMS, max_splits: int = 32,
            cache: torch.Tensor | None = None) -> None:
     """One launch as the layer makes it on a GPU of num_sms SMs (_multi_query_attention): num_reqs requests of k1
@@ -521,7 +530,7 @@ def _serve(mq, preset: str, k1: int, num_reqs: int, num_sms: int = H100_SMS, max
     mq.triton_turboquant_mq_verify_attention(
         torch.zeros(rows, HQ, 256, dtype=torch.bfloat16),
         _layer_cache(preset, num_reqs) if cache is None else cache,
-        torch.arange(num_reqs, dtype=torch.int32)[:, None], torch.full((num_reqs,), k1, dtype=torch.int32), k1,
+        _block_table(num_reqs), torch.full((num_reqs,), k1, dtype=torch.int32), k1,
         torch.zeros(16), 0.0625, lay.mse_bits, lay.key_packed_size, lay.value_bits,
         torch.empty(rows, HQ, 256, dtype=torch.bfloat16), torch.empty(rows * max_splits * HQ * 257),
         torch.empty(rows, HQ, 256), PiT=torch.zeros(256, 256), key_fp8=lay.key_fp8,
