@@ -28,21 +28,14 @@
 
 from __future__ import annotations
 
-import contextlib
-import inspect
-import itertools
 import json
 import logging
 import math
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Hashable, Iterator
-from contextlib import AbstractContextManager
-from contextvars import ContextVar
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TypeVar, cast
 
 import launch_keys
 import pytest
@@ -326,19 +319,6 @@ def _scratch_calls(reserved, num_heads, head_size):
             and all(shape[1:] == (num_heads, head_size) for shape, _ in shapes[1:])]
 
 
-def _workspace_manager(tree):
-    """The tree's own ``WorkspaceManager`` (vllm/v1/worker/workspace.py: one ubatch, one lane), on the host."""
-    path = "vllm/v1/worker/workspace.py"
-    scope = dict(torch=torch, envs=SimpleNamespace(VLLM_DEBUG_WORKSPACE=False), logger=logging.getLogger("ws"),
-                 inspect=inspect, os=os, Callable=Callable, Hashable=Hashable, Iterator=Iterator,
-                 AbstractContextManager=AbstractContextManager, nullcontext=contextlib.nullcontext,
-                 accumulate=itertools.accumulate, prod=math.prod, cast=cast, T=TypeVar("T"), _MB=1 << 20,
-                 _GiB=1 << 30, dbo_current_ubatch_id=lambda: 0, _workspace_lane=ContextVar("lane", default=0),
-                 round_up=tq_harness.tree_class(tree, "vllm/utils/math_utils.py", "round_up"))
-    scope["_compute_bytes"] = tq_harness.tree_class(tree, path, "_compute_bytes", **scope)
-    return tq_harness.tree_class(tree, path, "WorkspaceManager", **scope)(torch.device("cpu"))
-
-
 @pytest.fixture
 def workspace(monkeypatch):
     """A workspace manager that records what is reserved from it."""
@@ -400,9 +380,11 @@ def test_layers_reserve_their_scratch_when_built(mq, v033_tree, monkeypatch):
     config = tq_harness.vllm_config(3, HQ, 256, 32, 8192, dtype=torch.bfloat16, cache_dtype="turboquant_4bit_nc")
     tq = tq_harness.load_backend(v033_tree, config)
     monkeypatch.setitem(tq.tq_mq_verify_split_rows.__globals__["_SM_COUNT"], 0, H100_SMS)
-    manager = _workspace_manager(v033_tree)
+    manager = tq_harness.workspace_manager(v033_tree)
     monkeypatch.setattr(tq, "is_workspace_manager_initialized", lambda: True)
     monkeypatch.setattr(tq, "current_workspace_manager", lambda: manager)
+    # The decode kernel's and the continuation prefill's sets (test_tq_workspace_profiled.py) aside.
+    monkeypatch.setattr(tq, "_reserve_decode_scratch", lambda *a: None, raising=False)
     tq.TurboQuantAttentionImpl(HQ, 256, 1 / 16, num_kv_heads=HK, kv_cache_dtype="turboquant_4bit_nc")
     manager.lock()
     rows = min(256 * 4, 8192)
@@ -412,7 +394,7 @@ def test_layers_reserve_their_scratch_when_built(mq, v033_tree, monkeypatch):
         manager.get_simultaneous(((want + 1,), torch.uint8))
 
     monkeypatch.setenv("VLLM_TURBOQUANT_ATTENTION_KERNEL", "decode")
-    manager = _workspace_manager(v033_tree)
+    manager = tq_harness.workspace_manager(v033_tree)
     monkeypatch.setattr(tq, "current_workspace_manager", lambda: manager)
     tq.TurboQuantAttentionImpl(HQ, 256, 1 / 16, num_kv_heads=HK, kv_cache_dtype="turboquant_4bit_nc")
     manager.lock()

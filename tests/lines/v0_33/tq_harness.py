@@ -32,14 +32,19 @@ import builtins
 import contextlib
 import dataclasses
 import enum
+import inspect
+import itertools
+import logging
 import math
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import AbstractContextManager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import numpy as np
 import pytest
@@ -753,7 +758,7 @@ def vllm_config(num_spec: int | None, num_heads: int, max_num_seqs: int = 8, spl
         model_config=SimpleNamespace(get_num_attention_heads=lambda _pc: num_heads, dtype=dtype,
                                      max_model_len=4096),
         attention_config=SimpleNamespace(tq_max_kv_splits_for_cuda_graph=splits),
-        cache_config=SimpleNamespace(cache_dtype=cache_dtype),
+        cache_config=SimpleNamespace(cache_dtype=cache_dtype, block_size=16),
         compilation_config=SimpleNamespace(cudagraph_capture_sizes=[max_num_seqs]))
 
 
@@ -848,3 +853,16 @@ def bare_impl(cls, num_heads: int, num_kv_heads: int, head_size: int):
     impl._multi_query_k1s = (1, 2, 3, 4)  # __init__: every K+1 the builder can send (MTP K=3 here)
     impl._multi_query_warm = False
     return impl
+
+
+def workspace_manager(tree: Path) -> Any:
+    """The tree's own ``WorkspaceManager`` (vllm/v1/worker/workspace.py: one ubatch, one lane), on the host."""
+    path = "vllm/v1/worker/workspace.py"
+    scope = dict(torch=torch, envs=SimpleNamespace(VLLM_DEBUG_WORKSPACE=False), logger=logging.getLogger("ws"),
+                 inspect=inspect, os=os, Callable=Callable, Hashable=Hashable, Iterator=Iterator,
+                 AbstractContextManager=AbstractContextManager, nullcontext=contextlib.nullcontext,
+                 accumulate=itertools.accumulate, prod=math.prod, cast=cast, T=TypeVar("T"), _MB=1 << 20,
+                 _GiB=1 << 30, dbo_current_ubatch_id=lambda: 0, _workspace_lane=ContextVar("lane", default=0),
+                 round_up=tree_class(tree, "vllm/utils/math_utils.py", "round_up"))
+    scope["_compute_bytes"] = tree_class(tree, path, "_compute_bytes", **scope)
+    return tree_class(tree, path, "WorkspaceManager", **scope)(torch.device("cpu"))
