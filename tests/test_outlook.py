@@ -15,10 +15,11 @@ from vllm_patch.engine.pin import Artifact, Pin
 from vllm_patch.errors import CheckNotRun, InputError, UpstreamError
 from vllm_patch.lifecycle import merge3, rebase
 from vllm_patch.lifecycle.obsolete import Judge, conditions
-from vllm_patch.lifecycle.outlook import build_outlook, carry, print_outlook, to_dict, to_markdown
+from vllm_patch.lifecycle.outlook import build_outlook, carry
 from vllm_patch.lifecycle.pycheck import check_files
 from vllm_patch.lifecycle.rebase import Rebaser, Step, _build_tag, port, series_text
 from vllm_patch.lifecycle.upstream_trees import Moves, UpstreamCache
+from vllm_patch.report import glyph, outlook_dict, outlook_markdown, print_outlook
 from vllm_patch.series import load_series
 
 VERSION = b"__version__ = version = '%s'\n__commit_id__ = commit_id = 'g%s'\n"
@@ -185,14 +186,14 @@ def test_outlook_cells_on_synthetic_releases(upstream, tmp_path):
     series = load_series(root)
     before = {p.name: p.read_bytes() for p in (root / "patches").iterdir()}
     result = build_outlook(series, cache, ["0.20.0", "0.21.0"], repo=str(repo))
-    data = to_dict(result)
+    data = outlook_dict(result)
     row = {n[:4]: c for n, c in data["releases"][1]["patches"].items()}
     assert row["0001"]["stacked"] == {"state": "moved", "via": "merged", "moved": {"vllm/layer.py":
                                                                                   "vllm/layers/layer.py"}}
     assert row["0002"]["stacked"]["state"] == "gone" and row["0002"]["stacked"]["gone"] == ["vllm/doomed.py"]
     assert row["0003"]["stacked"]["state"] == "clean"
     assert {c["stacked"]["state"] for c in data["releases"][0]["patches"].values()} == {"clean"}
-    md = to_markdown(result)
+    md = outlook_markdown(result)
     assert "| 0.21.0 | → | † | ✓ |" in md and "vllm/layer.py -> vllm/layers/layer.py" in md
     from rich.console import Console
     console = Console(record=True, width=200)
@@ -325,9 +326,9 @@ def test_a_partly_obsolete_patch_is_carried_and_its_parts_named(upstream, tmp_pa
     root = build_series(tmp_path / "s", OLD, [("fix", {"vllm/layer.py": patched_layer()})], trailers=trailers)
     result = build_outlook(load_series(root), cache, ["0.21.0"], repo=str(repo))
     cell = result.rows[0].stacked["0001-fix.patch"]
-    assert cell.state == "moved" and cell.glyph == "→◐"
+    assert cell.state == "moved" and glyph(cell) == "→◐"
     assert "partly obsolete: note (" in cell.partly and cell.partly.endswith("still needed: fix")
-    assert "| 0.21.0 | →◐ |" in to_markdown(result) and to_dict(result)["releases"][0]["patches"][
+    assert "| 0.21.0 | →◐ |" in outlook_markdown(result) and outlook_dict(result)["releases"][0]["patches"][
         "0001-fix.patch"]["stacked"]["partly"] == cell.partly
     done = rebaser(root, cache, monkeypatch).start("v0.21.0", cache.from_git(str(repo), "v0.20.0"),
                                                    cache.from_git(str(repo), "v0.21.0"))

@@ -11,7 +11,8 @@ from test_obsolete import PASSING
 from test_outlook import OLD, patched_layer, upstream  # noqa: F401 - the fixture
 from vllm_patch.cli import main
 from vllm_patch.lifecycle import obsolete
-from vllm_patch.lifecycle.outlook import build_outlook, to_dict
+from vllm_patch.lifecycle.outlook import build_outlook
+from vllm_patch.report import outlook_dict
 from vllm_patch.series import load_series
 
 # Part [text] holds on 0.21.0 by its text check alone; part [test] also needs a test; patch 0002 is obsolete there.
@@ -33,7 +34,7 @@ def test_the_bundled_lines_run_the_text_checks_and_report_the_test_checks_not_ru
     result = build_outlook(load_series(root), cache, ["0.21.0"], repo=str(repo), root=root)
     cell = result.rows[0].stacked["0001-fix.patch"]
     assert cell.state == "moved" and "partly obsolete: text (" in cell.partly and "still needed: test" in cell.partly
-    notes = " ".join(to_dict(result)["notes"])
+    notes = " ".join(outlook_dict(result)["notes"])
     assert 'Obsolete-If: [test] test "tests/test_p.py::test_ok"' in notes and "did not run" in notes, notes
     assert "checkout" in notes and "make dev" in notes, notes
 

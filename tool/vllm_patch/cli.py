@@ -11,11 +11,11 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from . import __version__, operations, report
-from .doctor import PRESETS
+from .doctor import PRESETS, render
 from .errors import EXIT_OK, EXIT_PATCH_FAILED, EXIT_USAGE, VllmPatchError
-from .infrastructure.downloads import pinned_base_tree
 from .lines import line_named
 from .locate import SeriesHome, find_home
 from .operations import PatchFailedWith
@@ -248,11 +248,7 @@ def series_cmd(ctx: click.Context, as_json: bool) -> None:
 @handle_errors
 def check(ctx: click.Context, base: Path | None, force: bool, as_json: bool) -> None:
     """Check that every anchor is unique and the series applies cleanly on the pinned base."""
-    series = _series(ctx)
-    root = base if base else pinned_base_tree(series.pin, quiet=as_json)
-    kind = "auto" if base else "tree"
-    target = open_target(str(root), kind)
-    outcome = operations.check(target, series, force)
+    outcome = operations.check_base(_series(ctx), base, force, quiet=as_json)
     _emit(outcome, as_json)
     sys.exit(EXIT_OK if outcome.ok else EXIT_PATCH_FAILED)
 
@@ -346,8 +342,6 @@ def build_wheel_cmd(ctx: click.Context, source: Path | None, out_dir: Path, wait
 def rebase(ctx: click.Context, tag: str | None, resume: bool, skip: bool, drops: tuple[str, ...], reason: str | None,
            allow_new: tuple[str, ...], abort: bool, repo: str | None, show_range_diff: bool, as_json: bool) -> None:
     """Rebase the series onto TAG (e.g. v0.21.0): clean, merged, upstreamed or obsolete (dropped), or conflict."""
-    from .lifecycle.rebase import RebaseConflict
-
     root = _editable_root(ctx)
     try:
         result = operations.rebase(root, tag, resume, skip, drops, reason, allow_new, abort, repo, quiet=as_json,
@@ -355,7 +349,7 @@ def rebase(ctx: click.Context, tag: str | None, resume: bool, skip: bool, drops:
         if abort:
             out.print("rebase aborted; the series is as it was" if result else "no rebase in progress")
             return
-    except RebaseConflict as exc:
+    except operations.RebaseConflict as exc:
         report.print_rebase(exc.result, out, as_json, show_range_diff, error=exc.message)
         err.print(f"error: {exc.message}", markup=False)
         sys.exit(exc.exit_code)
@@ -378,10 +372,6 @@ def outlook(ctx: click.Context, releases: str | None, to_tag: str | None, repo: 
 
     Nothing in the series changes. Exit 0 whatever the fates are; 2 on bad input.
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-    from .lifecycle import outlook as outlook_mod
-
     if releases and to_tag:
         raise click.UsageError("give --releases or --to, not both")
     root = _root(ctx)
@@ -396,15 +386,15 @@ def outlook(ctx: click.Context, releases: str | None, to_tag: str | None, repo: 
 
         result = operations.outlook(series, [r for r in (releases or "").split(",") if r.strip()] or None,
                                     to_tag, repo, quiet, step, root)
-    text = outlook_mod.to_markdown(result) if markdown else None
+    text = report.outlook_markdown(result) if markdown else None
     if markdown and str(markdown) != "-":
-        outlook_mod.write_report(markdown, text or "")
+        report.write_report(markdown, text or "")
     if as_json:
-        report.print_json(outlook_mod.to_dict(result))
+        report.print_json(report.outlook_dict(result))
     elif str(markdown) == "-":
         print(text, end="")
     else:
-        outlook_mod.print_outlook(result, out)
+        report.print_outlook(result, out)
         if markdown:
             out.print(f"wrote {markdown}")
 
@@ -457,8 +447,6 @@ def doctor(ctx: click.Context, python: str | None, target_spec: str | None, devi
     Exit codes: 0 all is well (also with no GPU); 1 the line is not fully applied, or the kernel gave a wrong
     result; 2 an environment error.
     """
-    from .doctor import render
-
     home = _home(ctx)
     options = dict(model_dir=model_dir, device=device, interpret=interpret, assumed=_assumed_limits(assume_limits),
                    presets=presets or PRESETS, timing=not no_timing, line=ctx.obj.get("line"))
@@ -531,14 +519,6 @@ def refresh(ctx, name, tree, files, unique, upstream, as_json) -> None:
     _authored(_author(ctx, upstream, as_json).refresh(name, tree, unique, list(files)), as_json)
 
 
-def _header(name, subject, author, origin, bug, forwarded):
-    from email.utils import formatdate
-
-    from .lifecycle.authoring import trailers
-    from .lifecycle.patchwriter import Header
-    return Header(name or "", subject or "", author or "", formatdate(), trailers(origin, bug, forwarded))
-
-
 @main.command()
 @click.argument("name", required=False)
 @click.option("--from", "tree", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
@@ -552,7 +532,7 @@ def new(ctx, name, tree, files, subject, author, origin, bug, forwarded, unique,
     """
     if not subject:
         raise click.UsageError("give --subject")
-    header = _header(name, subject, author or "vllm-patch <vllm-patch@localhost>", origin, bug, forwarded)
+    header = operations.header(name, subject, author or "vllm-patch <vllm-patch@localhost>", origin, bug, forwarded)
     _authored(_author(ctx, upstream, as_json).new(name, tree, list(files), header, unique), as_json)
 
 
@@ -565,7 +545,7 @@ def new(ctx, name, tree, files, subject, author, origin, bug, forwarded, unique,
 def import_cmd(ctx, source, repo, name, subject, author, origin, bug, forwarded, unique, upstream, as_json) -> None:
     """Add a patch from a .diff/.patch file (e.g. a PR's diff) or a git commit range."""
     def header_for(single: bool):
-        return _header(name if single else None, subject if single else None, author, origin, bug, forwarded)
+        return operations.header(name if single else None, subject if single else None, author, origin, bug, forwarded)
 
     root = _editable_root(ctx)
     for result in operations.import_patches(root, source, repo, header_for, unique, upstream, as_json):

@@ -7,6 +7,11 @@ busy lock). Every error carries a one-line message meant for the user.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .lifecycle.rebase import RebaseResult
+
 EXIT_OK = 0
 EXIT_PATCH_FAILED = 1
 EXIT_USAGE = 2
@@ -54,3 +59,12 @@ class PatchFailed(VllmPatchError):
     """At least one patch is ambiguous, conflicting or partially applied."""
 
     exit_code = EXIT_PATCH_FAILED
+
+
+class RebaseConflict(PatchFailed):
+    """A patch needs a hand merge; the rebase waits for --continue or --abort. Defined here, not in
+    lifecycle.rebase, so the CLI can catch it (through operations) without importing GitPython at start."""
+
+    def __init__(self, result: RebaseResult, message: str) -> None:
+        super().__init__(message)
+        self.result = result

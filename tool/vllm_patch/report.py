@@ -1,9 +1,16 @@
-"""How outcomes are shown: a rich table with one line per patch and a verdict, or JSON."""
+"""How every command's result is shown: rich tables, text, Markdown and JSON, in one place.
+
+The rooms compute (operations returns an Outcome, a RebaseResult, an Outlook); this module only
+renders them, so the CLI stays a parser and the wording of each output is found in one file.
+"""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -11,6 +18,10 @@ from rich.table import Table
 from .engine.analysis import State
 from .operations import Outcome
 from .series import Series
+
+if TYPE_CHECKING:  # the outlook's types only: importing lifecycle at run time would bring GitPython to start-up
+    from .lifecycle.outlook import Cell, Outlook, Row
+    from .lifecycle.upstream_trees import Moves
 
 STYLE = {
     State.APPLIES: "cyan", State.APPLIED: "green", State.PARTIAL: "red",
@@ -201,3 +212,190 @@ def print_rebase(result, console: Console, as_json: bool, show_range_diff: bool,
     if result.done and result.pin:
         console.print(f"[green]OK[/]: rebased onto {result.pin.tag} ({result.pin.version}, commit "
                       f"{result.pin.commit[:12]}); series and patches rewritten")
+
+
+# ----------------------------------------------------------------------------- outlook
+
+GLYPHS = {"clean": "✓", "merged": "≈", "moved": "→", "upstreamed": "↑", "obsolete": "⊘", "conflict": "✗",
+          "gone": "†"}
+MEANING = {
+    "clean": "applies as is",
+    "merged": "3-way merge, checked (review it)",
+    "moved": "its files moved upstream; goes through at the new paths",
+    "upstreamed": "the release has its result",
+    "obsolete": "its Obsolete-If checks hold",
+    "conflict": "needs a hand merge",
+    "gone": "a file it changes was deleted upstream",
+}
+PARTLY = "◐"
+FATE_STYLES = {"clean": "green", "merged": "yellow", "moved": "blue", "upstreamed": "cyan", "obsolete": "magenta",
+               "conflict": "red", "gone": "bold red"}
+
+
+def glyph(cell: Cell) -> str:
+    """A cell's fate as one glyph, marked ◐ where some of the patch's Obsolete-If parts hold."""
+    return GLYPHS[cell.state] + (PARTLY if cell.partly else "")
+
+
+def cell_detail(cell: Cell, moves: Moves) -> str:
+    """What the glyph cannot say: moved and deleted files, conflict regions, failed checks, reasons."""
+    parts = []
+    if cell.moved:
+        parts.append("moved " + ", ".join(moves.describe(a) for a in cell.moved))
+    if cell.gone:
+        parts.append("deleted upstream: " + ", ".join(cell.gone))
+    conflicts = {p: n for p, n in cell.conflicts.items() if p not in cell.gone}
+    if conflicts:
+        total = sum(conflicts.values())
+        parts.append(f"conflict in {len(conflicts)} file{'s' if len(conflicts) != 1 else ''}, {total} "
+                     f"region{'s' if total != 1 else ''}: " + ", ".join(f"{p} ({n})" for p, n in conflicts.items()))
+    if cell.problems:
+        parts.append("merged, but does not check: " + "; ".join(cell.problems[:3])
+                     + (f" (+{len(cell.problems) - 3})" if len(cell.problems) > 3 else ""))
+    if cell.state == "moved":
+        parts.append(f"{cell.via} there")
+    if cell.state == "obsolete":
+        parts.append(cell.reason)
+    if cell.state == "upstreamed":
+        parts.append("the release has its result")
+    if cell.state == "merged":
+        parts.append("3-way merge, checked")
+    if cell.partly:
+        parts.append(cell.partly)
+    return "; ".join(parts)
+
+
+def cell_dict(cell: Cell) -> dict[str, Any]:
+    """A cell as ``--json`` prints it: the state, and only the fields that say something."""
+    out: dict[str, Any] = {"state": cell.state}
+    for key in ("via", "moved", "gone", "conflicts", "problems", "reason", "partly"):
+        if getattr(cell, key):
+            out[key] = getattr(cell, key)
+    if cell.conflicts:
+        out["regions"] = sum(cell.conflicts.values())
+    return out
+
+
+def short(name: str) -> str:
+    """A patch's column label: its number (``0004``), else its name."""
+    head = name.split("-", 1)[0]
+    return head if head.isdigit() else name.removesuffix(".patch")
+
+
+def cell_text(row: Row, name: str) -> tuple[str, str]:
+    """The table cell (stacked glyph, then the alone glyph where it differs) and its style."""
+    s, a = glyph(row.stacked[name]), glyph(row.alone[name])
+    text = s if s == a else f"{s}/{a}"
+    return text, FATE_STYLES[row.stacked[name].state]
+
+
+def legend() -> str:
+    return "  ".join(f"{GLYPHS[k]} {k}" for k in GLYPHS) + f"  {PARTLY} partly obsolete (carried)" \
+        "  (x/y: stacked/alone where they differ)"
+
+
+def _ranges(versions: list[str], order: list[str]) -> str:
+    """'0.22.0..0.27.1, 0.33.0': runs of consecutive releases (in the outlook's order)."""
+    pos = {v: i for i, v in enumerate(order)}
+    runs: list[list[str]] = []
+    for v in sorted(versions, key=lambda x: pos[x]):
+        if runs and pos[runs[-1][-1]] + 1 == pos[v]:
+            runs[-1].append(v)
+        else:
+            runs.append([v])
+    return ", ".join(r[0] if len(r) == 1 else f"{r[0]}..{r[-1]}" for r in runs)
+
+
+def details(result: Outlook) -> list[tuple[str, str, str]]:
+    """(patch label, releases, text) for every cell that is not plain clean, identical texts grouped."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for row in result.rows:
+        for name in result.names:
+            ts, ta = cell_detail(row.stacked[name], row.moves), cell_detail(row.alone[name], row.moves)
+            if ts == ta:
+                if ts:
+                    groups.setdefault((name, ts), []).append(row.version)
+                continue
+            if ts:
+                groups.setdefault((name, f"stacked: {ts}"), []).append(row.version)
+            groups.setdefault((name, f"alone: {ta or 'clean'}"), []).append(row.version)
+    order = [r.version for r in result.rows]
+    names = {n: i for i, n in enumerate(result.names)}
+    items = sorted(groups.items(), key=lambda kv: (names[kv[0][0]], order.index(kv[1][0])))
+    return [(short(name), _ranges(vs, order), text) for (name, text), vs in items]
+
+
+def print_outlook(result: Outlook, console: Console) -> None:
+    """The outlook as a table of glyphs, a release a row, then the legend and each cell's details."""
+    pin = result.pin
+    table = Table(title=f"outlook of series {result.digest} (pinned to vLLM {pin.version}): "
+                        f"{len(result.rows)} releases", title_justify="left")
+    table.add_column("release")
+    for name in result.names:
+        table.add_column(short(name), justify="center")
+    table.add_column("moved / gone")
+    for row in result.rows:
+        cells = [f"[{style}]{text}[/]" for text, style in (cell_text(row, n) for n in result.names)]
+        table.add_row(row.version, *cells, f"{len(row.moves.moved)} / {len(row.moves.gone)}")
+    console.print(table)
+    console.print(legend(), markup=False)
+    for name in result.names:
+        console.print(f"  {short(name)}: {name}", markup=False)
+    for label, versions, text in details(result):
+        console.print(f"[bold]{label}[/] {versions}: ", end="")
+        console.print(text, markup=False)
+    for note in result.notes:
+        console.print(f"[yellow]note[/]: {note}")
+    console.print(f"{len(result.rows)} releases in {result.seconds:.1f} s; nothing in the series changed")
+
+
+def outlook_markdown(result: Outlook) -> str:
+    """The outlook as Markdown, for an issue or a pull request (``outlook --markdown``)."""
+    pin = result.pin
+    lines = [f"### vllm-patch outlook: series {result.digest}, pinned to vLLM {pin.version}", "",
+             "| release | " + " | ".join(short(n) for n in result.names) + " |",
+             "|---|" + "---|" * len(result.names)]
+    for row in result.rows:
+        lines.append(f"| {row.version} | " + " | ".join(cell_text(row, n)[0] for n in result.names) + " |")
+    lines += ["", legend(), ""]
+    lines += [f"- `{short(n)}` {n}" for n in result.names]
+    found = details(result)
+    if found:
+        lines += ["", "Details:", ""]
+        lines += [f"- **{label}** {versions}: {text}" for label, versions, text in found]
+    for note in result.notes:
+        lines.append(f"\nNote: {note}")
+    return "\n".join(lines) + "\n"
+
+
+def outlook_dict(result: Outlook) -> dict[str, Any]:
+    """The outlook as ``outlook --json`` prints it: every cell of every release, with the legend."""
+    pin = result.pin
+    return {
+        "pin": {"version": pin.version, "tag": pin.tag, "commit": pin.commit},
+        "series": result.digest,
+        "patches": result.names,
+        "legend": {**{k: {"glyph": GLYPHS[k], "meaning": MEANING[k]} for k in GLYPHS},
+                   "partly": {"glyph": PARTLY, "meaning": "some of its Obsolete-If parts hold; carried as usual"}},
+        "releases": [{
+            "version": row.version, "commit": row.tree.commit, "upstream_commit": row.tree.upstream_commit,
+            "source": row.tree.source, "moves": row.moves.as_dict(), "seconds": round(row.seconds, 3),
+            "patches": {n: {"stacked": cell_dict(row.stacked[n]), "alone": cell_dict(row.alone[n])}
+                        for n in result.names},
+        } for row in result.rows],
+        "notes": result.notes,
+        "seconds": round(result.seconds, 3),
+    }
+
+
+def write_report(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file renamed into place (never a half-written report)."""
+    path = path.resolve()
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except OSError:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -13,9 +13,10 @@ import pytest
 
 from helpers import git
 from vllm_patch.infrastructure.downloads import pinned_base_tree
-from vllm_patch.lifecycle.outlook import build_outlook, short, to_markdown
+from vllm_patch.lifecycle.outlook import build_outlook
 from vllm_patch.lifecycle.upstream_trees import UpstreamCache
 from vllm_patch.lines import line_for
+from vllm_patch.report import outlook_markdown, short
 from vllm_trees import PROJECT
 
 UPSTREAM = Path(__file__).parent / "upstream"
@@ -93,5 +94,5 @@ def fates(result) -> dict[str, dict[str, tuple[str, tuple[str, ...]]]]:
 
 
 def test_each_patch_reads_as_the_fate_upstream_gives_it(outlook):
-    print("\n" + to_markdown(outlook))
+    print("\n" + outlook_markdown(outlook))
     assert fates(outlook) == EXPECTED

@@ -14,22 +14,18 @@ it goes through at the new paths, clean or merged), ``upstreamed``, ``obsolete``
 of whose parts are obsolete there (``Obsolete-If: [part] ...``) is carried as
 usual and marked ``◐``, its cell naming the parts that hold. Nothing in
 the series is written; trees come from the cache repository (downloaded once).
+The table, the Markdown and the JSON are `vllm_patch.report`'s (one place renders every command).
 """
 
 from __future__ import annotations
 
 import functools
-import os
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from packaging.version import InvalidVersion, Version
-from rich.console import Console
-from rich.table import Table
 
 from ..engine.analysis import Contents, analyze, touched
 from ..engine.pin import Pin
@@ -40,21 +36,6 @@ from .merge3 import conflict_regions
 from .obsolete import TESTS_DIR, Judge, project_test_runner, require_test_environment, validate
 from .rebase import Port, Step, follow, port
 from .upstream_trees import Moves, UpstreamCache, UpstreamTree, get_tree, version_of_tag
-
-GLYPHS = {"clean": "✓", "merged": "≈", "moved": "→", "upstreamed": "↑", "obsolete": "⊘", "conflict": "✗",
-          "gone": "†"}
-MEANING = {
-    "clean": "applies as is",
-    "merged": "3-way merge, checked (review it)",
-    "moved": "its files moved upstream; goes through at the new paths",
-    "upstreamed": "the release has its result",
-    "obsolete": "its Obsolete-If checks hold",
-    "conflict": "needs a hand merge",
-    "gone": "a file it changes was deleted upstream",
-}
-PARTLY = "◐"
-STYLES = {"clean": "green", "merged": "yellow", "moved": "blue", "upstreamed": "cyan", "obsolete": "magenta",
-          "conflict": "red", "gone": "bold red"}
 
 
 @dataclass
@@ -69,45 +50,6 @@ class Cell:
     problems: list[str] = field(default_factory=list)
     reason: str = ""
     partly: str = ""  # the parts of the patch the release makes unnecessary (its Obsolete-If parts)
-
-    @property
-    def glyph(self) -> str:
-        return GLYPHS[self.state] + (PARTLY if self.partly else "")
-
-    def detail(self, moves: Moves) -> str:
-        parts = []
-        if self.moved:
-            parts.append("moved " + ", ".join(moves.describe(a) for a in self.moved))
-        if self.gone:
-            parts.append("deleted upstream: " + ", ".join(self.gone))
-        conflicts = {p: n for p, n in self.conflicts.items() if p not in self.gone}
-        if conflicts:
-            total = sum(conflicts.values())
-            parts.append(f"conflict in {len(conflicts)} file{'s' if len(conflicts) != 1 else ''}, {total} "
-                         f"region{'s' if total != 1 else ''}: " + ", ".join(f"{p} ({n})" for p, n in conflicts.items()))
-        if self.problems:
-            parts.append("merged, but does not check: " + "; ".join(self.problems[:3])
-                         + (f" (+{len(self.problems) - 3})" if len(self.problems) > 3 else ""))
-        if self.state == "moved":
-            parts.append(f"{self.via} there")
-        if self.state == "obsolete":
-            parts.append(self.reason)
-        if self.state == "upstreamed":
-            parts.append("the release has its result")
-        if self.state == "merged":
-            parts.append("3-way merge, checked")
-        if self.partly:
-            parts.append(self.partly)
-        return "; ".join(parts)
-
-    def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"state": self.state}
-        for key in ("via", "moved", "gone", "conflicts", "problems", "reason", "partly"):
-            if getattr(self, key):
-                out[key] = getattr(self, key)
-        if self.conflicts:
-            out["regions"] = sum(self.conflicts.values())
-        return out
 
 
 def cell_of(done: Port) -> Cell:
@@ -261,129 +203,3 @@ def build_outlook(series: Series, cache: UpstreamCache, releases: list[str] | No
                      "after 'make dev' to run them); the parts they judge are carried as still needed: "
                      + "; ".join(f"{name}: {', '.join(checks)}" for name, checks in not_run.items()))
     return Outlook(series.pin, series.digest, list(series.names), rows, notes, time.perf_counter() - started)
-
-
-# ----------------------------------------------------------------------------- output
-
-
-def short(name: str) -> str:
-    """A patch's column label: its number (``0004``), else its name."""
-    head = name.split("-", 1)[0]
-    return head if head.isdigit() else name.removesuffix(".patch")
-
-
-def cell_text(row: Row, name: str) -> tuple[str, str]:
-    """The table cell (stacked glyph, then the alone glyph where it differs) and its style."""
-    s, a = row.stacked[name], row.alone[name]
-    text = s.glyph if s.glyph == a.glyph else f"{s.glyph}/{a.glyph}"
-    return text, STYLES[s.state]
-
-
-def legend() -> str:
-    return "  ".join(f"{GLYPHS[k]} {k}" for k in GLYPHS) + f"  {PARTLY} partly obsolete (carried)" \
-        "  (x/y: stacked/alone where they differ)"
-
-
-def _ranges(versions: list[str], order: list[str]) -> str:
-    """'0.22.0..0.27.1, 0.33.0': runs of consecutive releases (in the outlook's order)."""
-    pos = {v: i for i, v in enumerate(order)}
-    runs: list[list[str]] = []
-    for v in sorted(versions, key=lambda x: pos[x]):
-        if runs and pos[runs[-1][-1]] + 1 == pos[v]:
-            runs[-1].append(v)
-        else:
-            runs.append([v])
-    return ", ".join(r[0] if len(r) == 1 else f"{r[0]}..{r[-1]}" for r in runs)
-
-
-def details(result: Outlook) -> list[tuple[str, str, str]]:
-    """(patch label, releases, text) for every cell that is not plain clean, identical texts grouped."""
-    groups: dict[tuple[str, str], list[str]] = {}
-    for row in result.rows:
-        for name in result.names:
-            s, a = row.stacked[name], row.alone[name]
-            ts, ta = s.detail(row.moves), a.detail(row.moves)
-            if ts == ta:
-                if ts:
-                    groups.setdefault((name, ts), []).append(row.version)
-                continue
-            if ts:
-                groups.setdefault((name, f"stacked: {ts}"), []).append(row.version)
-            groups.setdefault((name, f"alone: {ta or 'clean'}"), []).append(row.version)
-    order = [r.version for r in result.rows]
-    names = {n: i for i, n in enumerate(result.names)}
-    items = sorted(groups.items(), key=lambda kv: (names[kv[0][0]], order.index(kv[1][0])))
-    return [(short(name), _ranges(vs, order), text) for (name, text), vs in items]
-
-
-def print_outlook(result: Outlook, console: Console) -> None:
-    pin = result.pin
-    table = Table(title=f"outlook of series {result.digest} (pinned to vLLM {pin.version}): "
-                        f"{len(result.rows)} releases", title_justify="left")
-    table.add_column("release")
-    for name in result.names:
-        table.add_column(short(name), justify="center")
-    table.add_column("moved / gone")
-    for row in result.rows:
-        cells = [f"[{style}]{text}[/]" for text, style in (cell_text(row, n) for n in result.names)]
-        table.add_row(row.version, *cells, f"{len(row.moves.moved)} / {len(row.moves.gone)}")
-    console.print(table)
-    console.print(legend(), markup=False)
-    for name in result.names:
-        console.print(f"  {short(name)}: {name}", markup=False)
-    for label, versions, text in details(result):
-        console.print(f"[bold]{label}[/] {versions}: ", end="")
-        console.print(text, markup=False)
-    for note in result.notes:
-        console.print(f"[yellow]note[/]: {note}")
-    console.print(f"{len(result.rows)} releases in {result.seconds:.1f} s; nothing in the series changed")
-
-
-def to_markdown(result: Outlook) -> str:
-    pin = result.pin
-    lines = [f"### vllm-patch outlook: series {result.digest}, pinned to vLLM {pin.version}", "",
-             "| release | " + " | ".join(short(n) for n in result.names) + " |",
-             "|---|" + "---|" * len(result.names)]
-    for row in result.rows:
-        lines.append(f"| {row.version} | " + " | ".join(cell_text(row, n)[0] for n in result.names) + " |")
-    lines += ["", legend(), ""]
-    lines += [f"- `{short(n)}` {n}" for n in result.names]
-    found = details(result)
-    if found:
-        lines += ["", "Details:", ""]
-        lines += [f"- **{label}** {versions}: {text}" for label, versions, text in found]
-    for note in result.notes:
-        lines.append(f"\nNote: {note}")
-    return "\n".join(lines) + "\n"
-
-
-def to_dict(result: Outlook) -> dict[str, Any]:
-    pin = result.pin
-    return {
-        "pin": {"version": pin.version, "tag": pin.tag, "commit": pin.commit},
-        "series": result.digest,
-        "patches": result.names,
-        "legend": {**{k: {"glyph": GLYPHS[k], "meaning": MEANING[k]} for k in GLYPHS},
-                   "partly": {"glyph": PARTLY, "meaning": "some of its Obsolete-If parts hold; carried as usual"}},
-        "releases": [{
-            "version": row.version, "commit": row.tree.commit, "upstream_commit": row.tree.upstream_commit,
-            "source": row.tree.source, "moves": row.moves.as_dict(), "seconds": round(row.seconds, 3),
-            "patches": {n: {"stacked": row.stacked[n].as_dict(), "alone": row.alone[n].as_dict()}
-                        for n in result.names},
-        } for row in result.rows],
-        "notes": result.notes,
-        "seconds": round(result.seconds, 3),
-    }
-
-
-def write_report(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file renamed into place."""
-    path = path.resolve()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except OSError:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -34,7 +34,7 @@ import git
 from ..engine.analysis import Contents, State, analyze, classify, decode, encode, touched
 from ..engine.patchfile import Patch
 from ..engine.pin import Artifact, Pin, pin_lines
-from ..errors import InputError, PatchFailed, UpstreamError
+from ..errors import InputError, PatchFailed, RebaseConflict, UpstreamError
 from ..infrastructure.downloads import index_files, indexed_artifact
 from ..infrastructure.transaction import SeriesDir
 from ..lines import project_of
@@ -83,14 +83,6 @@ class RebaseResult:
     done: bool = False
     work_dir: Path | None = None
     notes: list[str] = field(default_factory=list)
-
-
-class RebaseConflict(PatchFailed):
-    """A patch needs a hand merge; the rebase waits for --continue or --abort."""
-
-    def __init__(self, result: RebaseResult, message: str) -> None:
-        super().__init__(message)
-        self.result = result
 
 
 @dataclass
