@@ -384,7 +384,7 @@ def test_layers_reserve_their_scratch_when_built(mq, v033_tree, monkeypatch):
     monkeypatch.setattr(tq, "is_workspace_manager_initialized", lambda: True)
     monkeypatch.setattr(tq, "current_workspace_manager", lambda: manager)
     # The decode kernel's and the continuation prefill's sets (test_tq_workspace_profiled.py) aside.
-    monkeypatch.setattr(tq, "_reserve_decode_scratch", lambda *a: None, raising=False)
+    monkeypatch.setattr(tq, "_reserve_decode_scratch", lambda *a, **k: None, raising=False)
     tq.TurboQuantAttentionImpl(HQ, 256, 1 / 16, num_kv_heads=HK, kv_cache_dtype="turboquant_4bit_nc")
     manager.lock()
     rows = min(256 * 4, 8192)
