@@ -296,11 +296,29 @@ class _Ptr:
         return 1 << 20
 
 
+def _tensor_specialization(backend_cls, arg: _Ptr) -> str:
+    """The backend's attribute string of a pointer argument. Triton 3.7's HIP backend imports torch there (its
+    buffer-op range check) before it reads the argument's ``ptr_range``: with no torch in this interpreter it
+    gets a stand-in for that call (``_Ptr`` has ``ptr_range``, so the stand-in's ``Tensor`` is never matched)."""
+    try:
+        return backend_cls.get_tensor_specialization(arg, align=True)
+    except ModuleNotFoundError as e:
+        if e.name != "torch" or "torch" in sys.modules:
+            raise
+    stub = types.ModuleType("torch")
+    stub.Tensor = type("Tensor", (), {})
+    sys.modules["torch"] = stub
+    try:
+        return backend_cls.get_tensor_specialization(arg, align=True)
+    finally:
+        sys.modules.pop("torch", None)
+
+
 def _specialize(backend_cls, arg):
     """(type, attribute string) as Triton's JIT gives them at launch: pointers aligned (and within 2 GB),
     ints equal to 1 constexpr, ints divisible by 16 marked so."""
     if isinstance(arg, _Ptr):
-        return "*" + arg.ty, backend_cls.get_tensor_specialization(arg, align=True)
+        return "*" + arg.ty, _tensor_specialization(backend_cls, arg)
     if isinstance(arg, bool) or not isinstance(arg, (int, float)):
         raise TypeError(arg)
     if isinstance(arg, float):
