@@ -480,12 +480,15 @@ def _fp8_e4b15(target: Target) -> int:
     return 1 if cap < (8, 9) else 0
 
 
-def probe_args(mod, tiles, cfg: Config, split: bool = False, norm_correction: bool = False) -> dict:
+def probe_args(mod, tiles, cfg: Config, split: bool = False, norm_correction: bool = False,
+               heads_outer: bool = False) -> dict:
     """The arguments tq_mq_verify_probe's first launch gives _tq_mq_verify_fwd: one request of K+1 tokens in a
     cache of one block and one KV head, one split, no lse (see _launch_fwd). For a kernel whose split count is
     an argument (``num_splits``) it is 1 with ``SPLIT`` off; for one whose split count is a constexpr,
     ``NUM_SPLITS`` 1. split: the probe's second launch (two splits, the partials to a float32 buffer, ``SPLIT``
-    on); norm_correction: ``NORM_CORRECTION`` (the preset's, in the route's launches)."""
+    on); norm_correction: ``NORM_CORRECTION`` (the preset's, in the route's launches). heads_outer: the current
+    probe's cache, (blocks, KV heads, block size, slot) seen through its transpose(1, 2), whose KV-head stride is
+    block size x slot; else line v0.20's probe's (blocks, block size, KV heads, slot), whose is the slot."""
     target, preset, geo = TARGET[cfg.target], PRESET[cfg.preset], GEOMETRY[cfg.geometry]
     d, g, k1 = geo.head_dim, geo.group, cfg.k1
     kps = preset.key_packed_size(d)
@@ -503,7 +506,8 @@ def probe_args(mod, tiles, cfg: Config, split: bool = False, norm_correction: bo
         Centroids_ptr=_Ptr("fp32"), Mid_ptr=mid, Out_ptr=out, Lse_ptr=out,
         qk_scale=1.0 * mod._LOG2E,
         stride_qt=g * d, stride_qh=d,
-        stride_kv_block=cfg.block_size * slot, stride_kv_pos=slot, stride_kv_head=slot,
+        stride_kv_block=cfg.block_size * slot, stride_kv_pos=slot,
+        stride_kv_head=cfg.block_size * slot if heads_outer else slot,
         stride_bt=1, stride_mid_t=mid_strides[0], stride_mid_h=mid_strides[1], stride_mid_s=mid_strides[2],
         stride_ot=g * d, stride_oh=d, stride_lse_t=0, num_splits=splits,
         K1=k1, GROUP=g, M_TILES=tiles.m_tiles, BLOCK_M=tiles.block_m, HEAD_DIM=d, BLOCK_N=tiles.block_n,
@@ -550,7 +554,8 @@ def compile_variants(mod, tiles, cfg: Config, limit: int | None = None) -> dict[
         if variant == "merge":
             res = compile_kernel(mod, "_tq_mq_verify_reduce", target, merge_args(tiles, cfg), 4, 1)
         else:
-            args = probe_args(mod, tiles, cfg, split=variant == "split", norm_correction=preset.norm_correction)
+            args = probe_args(mod, tiles, cfg, split=variant == "split", norm_correction=preset.norm_correction,
+                              heads_outer=True)
             res = compile_kernel(mod, "_tq_mq_verify_fwd", target, args, tiles.num_warps, tiles.num_stages)
         out[variant] = res
         if "error" in res or (limit is not None and res["shared"] > limit):
