@@ -27,9 +27,9 @@ LABEL = {"v0.20": "line v0.20, vLLM 0.20.0", "current": "the current line, vLLM 
 # The Tritons each line's releases pin (gpu/requires/, tests/gpu/test_stack_bundle.py): the current line's
 # kernel runs in vLLM 0.25 (torch 2.11: Triton 3.6.0), 0.27 and 0.32 (torch 2.13: 3.7.1) and 0.33 (3.8.0).
 TRITONS = {"v0.20": ("3.6.0",), "current": ("3.6.0", "3.7.1", "3.8.0")}
-RELEASES = {("current", "3.6.0"): "vLLM 0.25's Triton (lines v0.25)",
-            ("current", "3.7.1"): "vLLM 0.27's and 0.32's Triton (lines v0.27, v0.32)",
-            ("current", "3.8.0"): "vLLM 0.33's Triton (the current line)"}
+RELEASES = {("current", "3.6.0"): "as line v0.25 runs it (vLLM 0.25, torch 2.11)",
+            ("current", "3.7.1"): "as lines v0.27 and v0.32 run it (vLLM 0.27 and 0.32, torch 2.13)",
+            ("current", "3.8.0"): "as the current line runs it (vLLM 0.33, torch 2.14)"}
 
 
 def table_path(line: str, version: str, set_name: str = "full") -> Path:
