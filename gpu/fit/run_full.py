@@ -27,9 +27,9 @@ LABEL = {"v0.20": "line v0.20, vLLM 0.20.0", "current": "the current line, vLLM 
 # The Tritons each line's releases pin (gpu/requires/, tests/gpu/test_stack_bundle.py): the current line's
 # kernel runs in vLLM 0.25 (torch 2.11: Triton 3.6.0), 0.27 and 0.32 (torch 2.13: 3.7.1) and 0.33 (3.8.0).
 TRITONS = {"v0.20": ("3.6.0",), "current": ("3.6.0", "3.7.1", "3.8.0")}
-RELEASES = {("current", "3.6.0"): "as line v0.25 runs it (vLLM 0.25, torch 2.11)",
-            ("current", "3.7.1"): "as lines v0.27 and v0.32 run it (vLLM 0.27 and 0.32, torch 2.13)",
-            ("current", "3.8.0"): "as the current line runs it (vLLM 0.33, torch 2.14)"}
+RELEASES = {("current", "3.6.0"): "as line v0.25 runs it: vLLM 0.25, torch 2.11",
+            ("current", "3.7.1"): "as lines v0.27 and v0.32 run it: vLLM 0.27 and 0.32, torch 2.13",
+            ("current", "3.8.0"): "as the current line runs it: vLLM 0.33, torch 2.14"}
 
 
 def table_path(line: str, version: str, set_name: str = "full") -> Path:
@@ -60,7 +60,7 @@ def main() -> int:
                 out = cache_dir() / f"results-{line}-triton-{version}{suffix}.json"
                 out.parent.mkdir(parents=True, exist_ok=True)
                 table = table_path(line, version, args.set)
-                label = (f"the current line's kernel, {RELEASES[line, version]}" if (line, version) in RELEASES
+                label = (f"the current line's kernel {RELEASES[line, version]}" if (line, version) in RELEASES
                          else LABEL[line])
                 cmd = [str(python), str(HERE / "fitmatrix.py"), "--kernel", str(kernel), "--set", args.set,
                        "--jobs", str(args.jobs), "--out", str(out), "--table", str(table), "--line", label]
