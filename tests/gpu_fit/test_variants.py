@@ -137,3 +137,10 @@ def test_the_checker_looks_at_every_variant_of_the_chosen_tiling():
     assert "split variant does not compile" in problem
     [problem] = check_route({**base, "variants": {"unsplit": ok["unsplit"]}})
     assert "lacks variants" in problem
+
+
+def test_the_current_kernel_has_the_variants_and_line_v020s_has_not(kernel_current: Path, kernel_v020: Path):
+    """The tables of the current line's kernel compile its variants; line v0.20's (its split count a constexpr)
+    keeps the probe's first launch."""
+    assert fitmatrix.has_variants(fitmatrix.load_kernel(kernel_current))
+    assert not fitmatrix.has_variants(fitmatrix.load_kernel(kernel_v020))
