@@ -90,7 +90,7 @@ gpu-test: ## on a GPU host: assemble .gpu/ (line v0.20), kernel tests and scenar
 guard: setup ## build the guard's wheel into dist/ (install it into vLLM's environment: a warning at every start)
 	$(BIN)/pip wheel -q --disable-pip-version-check --no-deps -w dist ./guard
 
-gpu-fit: $(DEV) ## compile the multi-query verify kernel for every GPU target on CPU (line v0.20 on Triton 3.6, the current line on 3.8 from PyPI): docs/gpu-fit-triton-*.md
+gpu-fit: $(DEV) ## compile the multi-query verify kernel and its run-time variants for every GPU target on CPU (line v0.20 on Triton 3.6; the current line on 3.6, 3.7 and 3.8, the last two from PyPI): docs/gpu-fit-*triton-*.md
 	$(BIN)/python gpu/fit/run_full.py $(GPU_FIT_ARGS)
 
 clean: ## remove the venv and build leftovers (not the download cache)

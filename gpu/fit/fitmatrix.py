@@ -6,12 +6,13 @@ Runs in any interpreter that has ``triton`` (no torch, no vLLM, no GPU): the ker
 (``tq_mq_verify_select``) with a ``fits`` that compiles the candidate for that target
 (``triton.compile(ASTSource(...), target=GPUTarget(...))``) and accepts it when the compile succeeds and
 ``metadata.shared`` is within the target's limit: the decision ``tq_mq_verify_probe`` makes on a device.
-The compiled specialisation is the probe's own launch (one request of K+1 tokens, one KV head, one split).
+The compiled specialisation is the probe's own launch (one request of K+1 tokens, one KV head); for a kernel with
+run-time variants (the current line's), every variant the probe launches: one KV split, two, and their merge.
 
 Every compile is cached on disk, keyed by the kernel file's text, the Triton version, the target and the
 compile's signature, constexprs and options. Results go to a JSON file; ``--table`` writes the Markdown table.
 
-    python fitmatrix.py --kernel PATH --set ci|full --out results.json [--table docs/gpu-fit-triton-X.md]
+    python fitmatrix.py --kernel PATH --set ci|reduced|full --out results.json [--table docs/gpu-fit-...md]
 """
 
 from __future__ import annotations
@@ -162,6 +163,35 @@ def full_matrix() -> list[Config]:
     return out
 
 
+# The reduced set (``--set reduced``): what two shared CPU cores compile for one Triton in minutes, the run-time
+# variants included. One geometry (Qwen3.6-27B TP1: 24/4 heads of 256, G = 6, the widest MSE tiles), bf16, block
+# size 16, K+1 = 4 (MTP K = 3: 24 rows, the 32-row tiles that shrink on the 99 KiB parts), every preset and target.
+REDUCED = {"geometry": "Qwen3.6-27B TP1", "dtype": "bf16", "block_size": 16, "k1s": (4,)}
+
+
+def reduced_matrix() -> list[Config]:
+    """The full matrix cut to REDUCED's geometry, dtype, block size and K+1 (every preset and target)."""
+    return [c for c in full_matrix() if c.geometry == REDUCED["geometry"] and c.dtype == REDUCED["dtype"]
+            and c.block_size == REDUCED["block_size"] and c.k1 in REDUCED["k1s"]]
+
+
+def matrix(name: str) -> list[Config]:
+    return {"full": full_matrix, "reduced": reduced_matrix, "ci": ci_matrix}[name]()
+
+
+def set_description(name: str) -> str:
+    """What a table's header says of the set it holds."""
+    if name == "reduced":
+        return (f"**Reduced set** (`--set reduced`): {REDUCED['geometry']} only, {REDUCED['dtype']}, block size "
+                f"{REDUCED['block_size']}, K+1 = {', '.join(map(str, REDUCED['k1s']))}, every preset and target "
+                f"({len(reduced_matrix())} of the full set's {len(full_matrix())} configurations), compiled on two "
+                "shared CPU cores. The full set: `make gpu-fit GPU_FIT_ARGS=\"--set full\"` (hours on one core; "
+                "see docs/gpu-fit.md).")
+    if name == "ci":
+        return "The CI subset (`--set ci`)."
+    return "The full set (`--set full`)."
+
+
 def ci_matrix() -> list[Config]:
     """Per target: FP8 keys at the widest tiles (k8v4, Llama-8B, K+1=4: 16 x 1), and MSE keys where the widest
     tiles exceed the 99 KiB and 64 KiB parts (3bit_nc, Qwen3.6-27B, D=256, K+1=4: 32 rows x 256 must shrink
@@ -266,11 +296,29 @@ class _Ptr:
         return 1 << 20
 
 
+def _tensor_specialization(backend_cls, arg: _Ptr) -> str:
+    """The backend's attribute string of a pointer argument. Triton 3.7's HIP backend imports torch there (its
+    buffer-op range check) before it reads the argument's ``ptr_range``: with no torch in this interpreter it
+    gets a stand-in for that call (``_Ptr`` has ``ptr_range``, so the stand-in's ``Tensor`` is never matched)."""
+    try:
+        return backend_cls.get_tensor_specialization(arg, align=True)
+    except ModuleNotFoundError as e:
+        if e.name != "torch" or "torch" in sys.modules:
+            raise
+    stub = types.ModuleType("torch")
+    stub.Tensor = type("Tensor", (), {})
+    sys.modules["torch"] = stub
+    try:
+        return backend_cls.get_tensor_specialization(arg, align=True)
+    finally:
+        sys.modules.pop("torch", None)
+
+
 def _specialize(backend_cls, arg):
     """(type, attribute string) as Triton's JIT gives them at launch: pointers aligned (and within 2 GB),
     ints equal to 1 constexpr, ints divisible by 16 marked so."""
     if isinstance(arg, _Ptr):
-        return "*" + arg.ty, backend_cls.get_tensor_specialization(arg, align=True)
+        return "*" + arg.ty, _tensor_specialization(backend_cls, arg)
     if isinstance(arg, bool) or not isinstance(arg, (int, float)):
         raise TypeError(arg)
     if isinstance(arg, float):
@@ -432,11 +480,15 @@ def _fp8_e4b15(target: Target) -> int:
     return 1 if cap < (8, 9) else 0
 
 
-def probe_args(mod, tiles, cfg: Config) -> dict:
+def probe_args(mod, tiles, cfg: Config, split: bool = False, norm_correction: bool = False,
+               heads_outer: bool = False) -> dict:
     """The arguments tq_mq_verify_probe's first launch gives _tq_mq_verify_fwd: one request of K+1 tokens in a
     cache of one block and one KV head, one split, no lse (see _launch_fwd). For a kernel whose split count is
     an argument (``num_splits``) it is 1 with ``SPLIT`` off; for one whose split count is a constexpr,
-    ``NUM_SPLITS`` 1."""
+    ``NUM_SPLITS`` 1. split: the probe's second launch (two splits, the partials to a float32 buffer, ``SPLIT``
+    on); norm_correction: ``NORM_CORRECTION`` (the preset's, in the route's launches). heads_outer: the current
+    probe's cache, (blocks, KV heads, block size, slot) seen through its transpose(1, 2), whose KV-head stride is
+    block size x slot; else line v0.20's probe's (blocks, block size, KV heads, slot), whose is the slot."""
     target, preset, geo = TARGET[cfg.target], PRESET[cfg.preset], GEOMETRY[cfg.geometry]
     d, g, k1 = geo.head_dim, geo.group, cfg.k1
     kps = preset.key_packed_size(d)
@@ -444,22 +496,98 @@ def probe_args(mod, tiles, cfg: Config) -> dict:
     slot = -(-slot // 2) * 2
     q_ty = cfg.dtype if preset.key_fp8 else "fp32"
     out = _Ptr(cfg.dtype)
+    # With two splits the partials go to a float32 (K+1, heads, splits, D + 1) buffer; its strides and the split
+    # count are do_not_specialize arguments of the current kernel (plain i32 there, whatever their value).
+    mid = _Ptr("fp32") if split else out
+    splits = 2 if split else 1
+    mid_strides = (g * splits * (d + 1), splits * (d + 1), d + 1) if split else (0, 0, 0)
     return dict(
         Q_ptr=_Ptr(q_ty), KV_ptr=_Ptr("u8"), Block_table_ptr=_Ptr("i32"), Seq_lens_ptr=_Ptr("i32"),
-        Centroids_ptr=_Ptr("fp32"), Mid_ptr=out, Out_ptr=out, Lse_ptr=out,
+        Centroids_ptr=_Ptr("fp32"), Mid_ptr=mid, Out_ptr=out, Lse_ptr=out,
         qk_scale=1.0 * mod._LOG2E,
         stride_qt=g * d, stride_qh=d,
-        stride_kv_block=cfg.block_size * slot, stride_kv_pos=slot, stride_kv_head=slot,
-        stride_bt=1, stride_mid_t=0, stride_mid_h=0, stride_mid_s=0,
-        stride_ot=g * d, stride_oh=d, stride_lse_t=0, num_splits=1,
+        stride_kv_block=cfg.block_size * slot, stride_kv_pos=slot,
+        stride_kv_head=cfg.block_size * slot if heads_outer else slot,
+        stride_bt=1, stride_mid_t=mid_strides[0], stride_mid_h=mid_strides[1], stride_mid_s=mid_strides[2],
+        stride_ot=g * d, stride_oh=d, stride_lse_t=0, num_splits=splits,
         K1=k1, GROUP=g, M_TILES=tiles.m_tiles, BLOCK_M=tiles.block_m, HEAD_DIM=d, BLOCK_N=tiles.block_n,
-        PAGE_SIZE=cfg.block_size, NUM_SPLITS=1, SPLIT=False, MIN_SPLIT=4 * tiles.block_n,
+        PAGE_SIZE=cfg.block_size, NUM_SPLITS=splits, SPLIT=split, MIN_SPLIT=4 * tiles.block_n,
         MSE_BITS=preset.mse_bits, MSE_BYTES=math.ceil(d * preset.mse_bits / 8), KPS=kps,
         VQB=preset.value_bits, VAL_DATA_BYTES=math.ceil(d * preset.value_bits / 8),
-        KEY_FP8=1 if preset.key_fp8 else 0, NORM_CORRECTION=0, FP8_E4B15=_fp8_e4b15(target),
+        KEY_FP8=1 if preset.key_fp8 else 0, NORM_CORRECTION=1 if norm_correction else 0, FP8_E4B15=_fp8_e4b15(target),
         HAS_LSE=False, SLOT_ALIGN=math.gcd(cfg.block_size * slot, slot, 16),
         SCORE_IEEE=1 if tiles.precision == "ieee" else 0,
     )
+
+
+def merge_args(tiles, cfg: Config, splits: int = 2) -> dict:
+    """_tq_mq_verify_reduce as tq_mq_verify_probe launches it after the split launch: the probe's K+1 and buffers
+    (one KV head's G query heads), the tiling's BLOCK_N and MIN_SPLIT, two splits, no lse."""
+    geo = GEOMETRY[cfg.geometry]
+    d, g = geo.head_dim, geo.group
+    out = _Ptr(cfg.dtype)
+    return dict(Seq_lens_ptr=_Ptr("i32"), Mid_ptr=_Ptr("fp32"), Out_ptr=out, Lse_ptr=out,
+                stride_mid_t=g * splits * (d + 1), stride_mid_h=splits * (d + 1), stride_mid_s=d + 1,
+                stride_ot=g * d, stride_oh=d, stride_lse_t=0, num_splits=splits,
+                K1=cfg.k1, HEAD_DIM=d, BLOCK_N=tiles.block_n, NUM_SPLITS=splits, MIN_SPLIT=4 * tiles.block_n,
+                HAS_LSE=False)
+
+
+# The run-time variants of one tiling that the route's probe launches (tq_mq_verify_probe) and each layer compiles
+# at its first call (tq_mq_verify_warm), in the probe's order: the verify kernel with one KV split (straight to
+# the output), with several (to the partials), and the merge of the partials. Each with the preset's norm
+# correction. Kernels without a SPLIT constexpr (line v0.20's) have one variant: the probe's first launch.
+VARIANTS = ("unsplit", "split", "merge")
+
+
+def has_variants(mod) -> bool:
+    """Whether mod's verify kernel has the split variants (a SPLIT constexpr and a merge kernel)."""
+    return "SPLIT" in mod._tq_mq_verify_fwd.arg_names and hasattr(mod, "_tq_mq_verify_reduce")
+
+
+def compile_variants(mod, tiles, cfg: Config, limit: int | None = None) -> dict[str, dict]:
+    """{variant: compile result} of tiles for cfg's target, in VARIANTS' order; stops after the first variant that
+    fails to compile or needs more than limit bytes (the probe refuses the tiling then, whatever the rest give)."""
+    target, preset = TARGET[cfg.target], PRESET[cfg.preset]
+    out: dict[str, dict] = {}
+    for variant in VARIANTS:
+        if variant == "merge":
+            res = compile_kernel(mod, "_tq_mq_verify_reduce", target, merge_args(tiles, cfg), 4, 1)
+        else:
+            args = probe_args(mod, tiles, cfg, split=variant == "split", norm_correction=preset.norm_correction,
+                              heads_outer=True)
+            res = compile_kernel(mod, "_tq_mq_verify_fwd", target, args, tiles.num_warps, tiles.num_stages)
+        out[variant] = res
+        if "error" in res or (limit is not None and res["shared"] > limit):
+            break
+    return out
+
+
+_WORST_KEYS = ("shared", "regs", "spill", "stack", "sgprs", "vgpr_spills", "stage", "error")
+
+
+def worst_variant(variants: dict[str, dict]) -> dict:
+    """One record of a tiling's variants: the first error (and its variant); else the largest shared memory
+    (``shared_variant`` names it) with that variant's fields, then the largest spill (``spill_variant``) and the
+    most registers over all variants. Ties go to the earlier variant in VARIANTS' order."""
+    failed = [(v, r) for v, r in variants.items() if "error" in r]
+    if failed:
+        v, r = failed[0]
+        return {"error": r["error"], "error_variant": v}
+    names = list(variants)
+    vs = max(names, key=lambda v: (variants[v]["shared"], -names.index(v)))
+    out = {k: variants[vs][k] for k in _WORST_KEYS if k in variants[vs]}
+    out["shared_variant"] = vs
+    vp = max(names, key=lambda v: (variants[v].get("spill") or 0, -names.index(v)))
+    if variants[vp].get("spill"):
+        out["spill"] = variants[vp]["spill"]
+        out["spill_variant"] = vp
+    else:
+        out.pop("spill", None)
+    regs = [variants[v]["regs"] for v in names if "regs" in variants[v]]
+    if regs:
+        out["regs"] = max(regs)
+    return out
 
 
 def rotate_tiles(mod, target: Target, head_dim: int) -> tuple[int, int]:
@@ -502,11 +630,17 @@ def compiled_fits(mod, cfg: Config, attempts: list, ignore_limit: bool = False):
     """The fits() the planner walks: compile the candidate for cfg's target; None (accepted) when it compiled
     and its shared memory is within the limit (ignore_limit: any compiled kernel, a broken check)."""
     target = TARGET[cfg.target]
+    variants = has_variants(mod)
 
     def fits(tiles):
-        res = compile_kernel(mod, "_tq_mq_verify_fwd", target, probe_args(mod, tiles, cfg),
-                             tiles.num_warps, tiles.num_stages)
-        attempts.append({"tiles": _tiles_dict(tiles), **res})
+        if variants:  # every variant the probe launches; the worst decides, as on the device
+            results = compile_variants(mod, tiles, cfg, None if ignore_limit else target.max_shared)
+            res = worst_variant(results)
+            attempts.append({"tiles": _tiles_dict(tiles), **res, "variants": results})
+        else:
+            res = compile_kernel(mod, "_tq_mq_verify_fwd", target, probe_args(mod, tiles, cfg),
+                                 tiles.num_warps, tiles.num_stages)
+            attempts.append({"tiles": _tiles_dict(tiles), **res})
         if "error" in res:
             return res["error"]
         if res["shared"] > target.max_shared and not ignore_limit:
@@ -539,7 +673,7 @@ def plan(mod, cfg: Config, ignore_limit: bool = False, no_limits: bool = False) 
         chosen = attempts[-1]
         rec["route"] = "multi-query"
         rec["tiles"] = _tiles_dict(tiles)
-        for k in ("shared", "regs", "spill", "stack", "sgprs", "vgpr_spills", "stage", "error"):
+        for k in (*_WORST_KEYS, "shared_variant", "spill_variant", "error_variant", "variants"):
             if k in chosen:
                 rec[k] = chosen[k]
         rec["widest"] = len(attempts) == 1 and tiles == candidates[0] and _is_widest(mod, cfg, tiles)
@@ -563,6 +697,16 @@ def check_route(rec: dict) -> list[str]:
     if route != "multi-query" or "tiles" not in rec:
         return [f"{where}: no route (neither a tiling nor the fallback)"]
     problems = []
+    for variant, res in (rec.get("variants") or {}).items():
+        if "error" in res:
+            problems.append(f"{where}: the chosen tiling's {variant} variant does not compile: {res['error']}")
+        elif res.get("shared", 0) > rec["limit"]:
+            problems.append(f"{where}: the chosen tiling's {variant} variant needs {res['shared']} B of shared "
+                            f"memory, the limit is {rec['limit']} B")
+    if rec.get("variants") and set(rec["variants"]) != set(VARIANTS) and not problems:
+        problems.append(f"{where}: the chosen tiling lacks variants {sorted(set(VARIANTS) - set(rec['variants']))}")
+    if problems:
+        return problems
     if "error" in rec:
         problems.append(f"{where}: the chosen tiling does not compile: {rec['error']}")
     elif rec.get("shared") is None:
@@ -671,12 +815,17 @@ def _cell(rec: dict, threshold: int) -> str:
     if rec["route"] == "fallback":
         why = "; ".join(rec["refused"])
         return f"**fallback** ({why})" if len(why) < 160 else f"**fallback** ({why[:157]}...)"
+    # With run-time variants: the largest shared memory and the largest spill over them, each naming its
+    # variant, and the most registers any of them takes.
     text = f"{_tiles_text(rec)}: {rec['shared']} B"
+    if rec.get("shared_variant"):
+        text += f" {rec['shared_variant']}"
     if "regs" in rec:
         text += f", r{rec['regs']}"
     spill = rec.get("spill")
     if spill:
-        text += f", spill {spill} B" + (" **SPILL**" if spill > threshold else "")
+        text += f", spill {spill} B" + (f" {rec['spill_variant']}" if rec.get("spill_variant") else "")
+        text += " **SPILL**" if spill > threshold else ""
     shrunk = len(rec["attempts"]) > 1
     if shrunk:
         text += f" (after {len(rec['attempts']) - 1} refused)"
@@ -721,8 +870,18 @@ def summary_rows(results: list[dict]) -> list[str]:
 
 
 def write_table(path: Path, results: list[dict], helpers: list[dict], triton_version: str, line: str,
-                kernel_sha: str, total: int, threshold: int = SPILL_THRESHOLD) -> None:
+                kernel_sha: str, total: int, threshold: int = SPILL_THRESHOLD, set_name: str = "full") -> None:
     targets = [t.name for t in TARGETS]
+    with_variants = any("variants" in r for r in results)
+    variants_text = (
+        " Each cell covers the run-time variants of its tiling that the route probes and serving launches: the "
+        "verify kernel with one KV split (`unsplit`) and with several (`split`), and the merge of the partials "
+        "(`merge`), at the row's K+1, with the preset's norm correction. The shared memory shown is the largest "
+        "over them and names its variant, the spill likewise, the registers are the most any variant takes; the "
+        "planner refuses a tiling when any variant fails, as the device's probe does."
+        if with_variants else
+        " Each cell is the probe's first launch only (one KV split, no norm correction); the split and merge "
+        "variants are not compiled for this kernel.")
     lines = [
         f"# GPU fit of the multi-query verify kernel: Triton {triton_version} ({line})",
         "",
@@ -731,11 +890,13 @@ def write_table(path: Path, results: list[dict], helpers: list[dict], triton_ver
         "for CUDA, ptxas -v (registers, spill stores); for ROCm the code object's VGPR count and scratch "
         "(`.private_segment_fixed_size`).",
         "",
+        set_description(set_name),
+        "",
         f"Kernel file sha256 {kernel_sha[:16]}; {len(results)} of {total} configurations planned. "
         f"Cell: the chosen tiling (BLOCK_M x M tiles, BLOCK_N, MSE score precision): compiled shared memory, "
         f"registers/thread, spill stores or scratch (**SPILL** above {threshold} B); "
         "`(after n refused)` = the planner shrank; **fallback** = no tiling fits, the backend takes the "
-        "release's decode route.",
+        "release's decode route." + variants_text,
         "",
     ]
     lines += ["## Summary: routes per target and preset", "",
@@ -788,7 +949,7 @@ def write_table(path: Path, results: list[dict], helpers: list[dict], triton_ver
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kernel", required=True, type=Path, help="the kernel file (or a tree holding it)")
-    ap.add_argument("--set", choices=("ci", "full"), default="ci")
+    ap.add_argument("--set", choices=("ci", "reduced", "full"), default="ci")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--table", type=Path)
     ap.add_argument("--line", default="")
@@ -803,7 +964,7 @@ def main(argv=None) -> int:
 
     kernel = args.kernel / KERNEL_REL if args.kernel.is_dir() else args.kernel
     mod = load_kernel(kernel)
-    configs = full_matrix() if args.set == "full" else ci_matrix()
+    configs = matrix(args.set)
     # The helpers at every D and dtype of the full matrix; at D=256 (their largest tiles) and bf16 in CI.
     dtypes, dims = (DTYPES, (128, 256)) if args.set == "full" else (("bf16",), (256,))
     helpers = helper_jobs(kernel, [t.name for t in TARGETS], dtypes, dims)
@@ -823,7 +984,8 @@ def main(argv=None) -> int:
            "set": args.set, "total": len(configs), "results": results, "helpers": helpers, "problems": problems}
     args.out.write_text(json.dumps(doc, indent=1, sort_keys=True))
     if args.table:
-        write_table(args.table, results, helpers, triton.__version__, args.line, mod.FILE_SHA256, len(configs))
+        write_table(args.table, results, helpers, triton.__version__, args.line, mod.FILE_SHA256, len(configs),
+                    set_name=args.set)
     for p in problems:
         print("PROBLEM:", p, file=sys.stderr)
     return 1 if problems else 0

@@ -167,7 +167,7 @@ def test_select_takes_the_first_accepted_tiling_and_launches_keep_it(mq):
 
 @pytest.mark.parametrize("device", [H100, A100])
 def test_32_row_tiles_of_4bit_keys_at_d256_take_32_tokens_a_step(mq, device):
-    """At 32 x 64, 4-bit keys at D=256 spill 1.4-1.9 KB a thread on sm_80 and sm_90 (docs/gpu-fit-triton-3.8.md)
+    """At 32 x 64, 4-bit keys at D=256 spill 1.4-1.9 KB a thread on sm_80 and sm_90 (docs/gpu-fit-current-triton-3.8.md)
     and took 1.34-1.54x as long on the H100 as at 32 x 32: Qwen3.6-27B with MTP K=3 (K+1 = 4, 24 rows) starts at
     BLOCK_N 32 on CUDA; 16-row tiles (K+1 = 2) and ROCm (no such spill) keep 64."""
     limits = _limits(mq, device)
