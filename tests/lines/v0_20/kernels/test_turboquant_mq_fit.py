@@ -62,8 +62,8 @@ def test_the_current_kernel_is_line_v020s_with_its_measured_and_runtime_variant_
     measured on the H100 (patches/NOTES.md): the 4-bit values' loads (scale and zero in one 32-bit word, nibbles
     to float16 through the mantissa of 1024) and 32-token steps for 32-row tiles of 4-bit keys at D=256 on CUDA;
     and the changes that keep serving from compiling new variants, which tests/lines/v0_33/test_tq_mq_fit.py
-    tests: the split count and the partials' strides as unspecialized arguments (``SPLIT`` the only constexpr
-    left of them), a probe of every variant (K+1, splits and merge, norm correction, the layer's layout) and the
+    tests: the split count, the partials' strides and the block table's row stride as unspecialized arguments
+    (``SPLIT`` the only constexpr left of them), a probe of every variant (K+1, splits and merge, norm correction, the layer's layout) and the
     layer's compile without a launch (``tq_mq_verify_warm``, ``compile_only``). Anything else that differs would
     go untested."""
     current = _added_lines(PROJECT / "patches" / "0003-turboquant-multi-query-verify-kernel.patch", VERIFY)
@@ -83,7 +83,8 @@ def test_the_current_kernel_is_line_v020s_with_its_measured_and_runtime_variant_
     assert "tl.pointer_type(tl.uint32)" in added and added.count("0x6400") == 3 and "- 1024.0" in added
     assert "head_dim == 256" in added and "block_n //= 2" in added
     assert added.count("do_not_specialize") == 3 and "def tq_mq_verify_warm(" in added and "compile_only" in added
-    assert added.count("\n") == 258, added
+    assert '"stride_bt"]' in added
+    assert added.count("\n") == 261, added
 
 
 @pytest.fixture
