@@ -63,9 +63,9 @@ def test_the_current_kernel_is_line_v020s_with_its_measured_and_runtime_variant_
     to float16 through the mantissa of 1024) and 32-token steps for 32-row tiles of 4-bit keys at D=256 on CUDA;
     and the changes that keep serving from compiling new variants, which tests/lines/v0_33/test_tq_mq_fit.py
     tests: the split count, the partials' strides and the block table's row stride as unspecialized arguments
-    (``SPLIT`` the only constexpr left of them), a probe of every variant (K+1, splits and merge, norm correction, the layer's layout) and the
-    layer's compile without a launch (``tq_mq_verify_warm``, ``compile_only``). Anything else that differs would
-    go untested."""
+    (``SPLIT`` the only constexpr left of them), a probe of every variant (K+1, splits and merge, norm
+    correction, the layer's layout) and the layer's compile without a launch (``tq_mq_verify_warm``,
+    ``compile_only``). Anything else that differs would go untested."""
     current = _added_lines(PROJECT / "patches" / "0003-turboquant-multi-query-verify-kernel.patch", VERIFY)
     v020 = _added_lines(PROJECT / "lines" / "v0.20" / "patches" / "0007-turboquant-multi-query-verify-kernel.patch",
                         VERIFY)
