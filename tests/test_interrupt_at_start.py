@@ -17,8 +17,11 @@ PROJECT = Path(__file__).resolve().parents[1]
 # The console script's entry point as pyproject.toml declares it ([project.scripts]).
 SCRIPT = re.search(r'(?m)^vllm-patch = "([\w.]+:\w+)"$', (PROJECT / "pyproject.toml").read_text()).group(1)
 
+# A process started in the background of a shell (`.ci/run &`) inherits SIGINT ignored, which the tool keeps
+# (entry.py); the case here is a run started in a terminal, so the hook puts Python's own handler back first.
 HOOK = """
 import os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 class InterruptAt:
     def find_spec(self, name, path=None, target=None):
