@@ -336,6 +336,11 @@ def _arrivals(preset: str, method: str) -> Scenario:
     )
 
 
+# A consumer GPU's shared memory a block (sm_86/89/120: 99 KiB), as the multi-query kernel's tiles are chosen for it
+# (VLLM_TURBOQUANT_MQ_MAX_SHARED_MEMORY caps the device's own limit).
+CONSUMER_SMEM_ENV: tuple[tuple[str, str], ...] = (("VLLM_TURBOQUANT_MQ_MAX_SHARED_MEMORY", "101376"),)
+
+
 def _jit_strict(preset: str, method: str) -> Scenario:
     """No kernel compiled while serving: after a first request alone, 16 requests of different lengths arrive
     one or two an engine step (batches of 1 to 16 requests, whole prompts beside verify rows), then 12 at once,
@@ -362,7 +367,7 @@ def _jit_strict(preset: str, method: str) -> Scenario:
               "FULL_AND_PIECEWISE, 99 KiB of shared memory a block, batches of 1 to 16 requests after a first "
               "request alone, vLLM's JIT monitor in error mode from then on, vs a plain decode forced along the "
               "same tokens",
-        test=replace(test, jit_strict=True, env=(("VLLM_TURBOQUANT_MQ_MAX_SHARED_MEMORY", "101376"),)),
+        test=replace(test, jit_strict=True, env=CONSUMER_SMEM_ENV),
         reference=replace(_engine(model, workloads, **plain), force=True),
         calibration=_engine(model, workloads, **{**plain, "max_num_seqs": 1}),
         unpatched="0.33.0: FULL graphs over the host-driven verify loop (0001's bug) on every verify step",
@@ -375,7 +380,7 @@ def _consumer_smem(s: Scenario) -> Scenario:
     """The engine under test on the shared memory a consumer GPU gives a block (sm_86/89/120: 99 KiB), the limit
     the multi-query kernel's tiles are chosen for (VLLM_TURBOQUANT_MQ_MAX_SHARED_MEMORY caps the device's)."""
     return replace(s, name=f"{s.name}-99KiB", title=f"{s.title}; the engine under test limited to 99 KiB of shared "
-                   "memory a block", test=replace(s.test, env=(("VLLM_TURBOQUANT_MQ_MAX_SHARED_MEMORY", "101376"),)))
+                   "memory a block", test=replace(s.test, env=CONSUMER_SMEM_ENV))
 
 
 def twin(base: Scenario, **both: Any) -> Scenario:
