@@ -183,6 +183,8 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         pass
     if job.get("force"):
         return _run_forced(llm, SamplingParams, job, result)
+    if job.get("memory_trace"):
+        return memory_trace(llm, SamplingParams, job, result)
     try:
         # Warm-up: each workload on other prompts (reversed, so no prefix-cache hit; a repeating
         # prompt still repeats, so drafts get accepted), at full length: Triton JIT of every
@@ -225,6 +227,56 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
     except BaseException as exc:  # noqa: BLE001 - a crash while generating is a result
         result["error"] = where(exc)
         result["traceback"] = traceback.format_exc()[-4000:]
+    return result
+
+
+GIB = 2**30
+
+
+def _profile(llm) -> dict[str, float]:
+    """What vLLM's memory profile decided, in GiB, read from the worker in this process (one GPU, no engine
+    process): the memory it was given (gpu_memory_utilization of the device), the KV cache it sized, and its
+    estimate of what torch holds at most while serving (the budget less the memory outside torch's allocator it
+    measured). Empty where the worker is not reachable that way."""
+    try:
+        worker = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker
+        requested = worker.requested_memory
+        kv = worker.available_kv_cache_memory_bytes
+        non_torch = worker.non_torch_memory
+    except AttributeError:
+        return {}
+    return {"requested_gib": round(requested / GIB, 3), "kv_cache_gib": round(kv / GIB, 3),
+            "torch_estimate_gib": round((requested - non_torch) / GIB, 3)}
+
+
+def memory_trace(llm, sampling_params, job: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    """Each workload in order, without warm-up, with the peak of torch's allocator over it (allocated and
+    reserved, GiB): what a user's first long prompt meets. The first failure (an out-of-memory error) is recorded
+    on its workload and ends the run: the engine is not trusted after it."""
+    import torch
+
+    result["profile"] = _profile(llm)
+    result["after_boot_gib"] = {"allocated": round(torch.cuda.memory_allocated() / GIB, 3),
+                                "reserved": round(torch.cuda.memory_reserved() / GIB, 3)}
+    for w in job["workloads"]:
+        params = sampling_params(temperature=0.0, max_tokens=w["max_tokens"], min_tokens=w["max_tokens"],
+                                 detokenize=False, ignore_eos=True)
+        torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        entry: dict[str, Any] = {}
+        try:
+            outs = llm.generate([{"prompt_token_ids": list(p)} for p in w["prompts"]], params, use_tqdm=False)
+            entry["tokens"] = [list(o.outputs[0].token_ids) for o in outs]
+        except BaseException as exc:  # noqa: BLE001 - running out of memory is the result
+            entry["error"] = where(exc)
+            result["error"] = entry["error"]
+            result["traceback"] = traceback.format_exc()[-4000:]
+        entry["seconds"] = round(time.perf_counter() - t0, 2)
+        entry["peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / GIB, 3)
+        entry["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved() / GIB, 3)
+        result["workloads"][w["name"]] = entry
+        if "error" in entry:
+            break
     return result
 
 

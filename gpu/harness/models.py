@@ -151,8 +151,17 @@ QWEN27B_SHAPED_8L_MTP = ModelSpec(
     weights=False,
 )
 
+# The 16-layer model at Qwen3.6-27B's own context (262,144 positions), for the long-prompt memory figures.
+QWEN27B_SHAPED_256K_MTP = ModelSpec(
+    name="qwen27b-shaped-16l-mtp-256k",
+    arch="qwen3_next",
+    config={**QWEN27B_SHAPED_MTP.config, "max_position_embeddings": 262144},
+    mtp_layers=1,
+    weights=False,
+)
+
 MODELS = {m.name: m for m in (LLAMA6, QWEN3_NEXT12, QWEN3_NEXT12_MTP, QWEN3_NEXT12_DENSE_MTP, QWEN3_NEXT12_G6D256_MTP,
-                              LLAMA28, LLAMA8B, QWEN27B_SHAPED_MTP, QWEN27B_SHAPED_8L_MTP)}
+                              LLAMA28, LLAMA8B, QWEN27B_SHAPED_MTP, QWEN27B_SHAPED_8L_MTP, QWEN27B_SHAPED_256K_MTP)}
 
 
 CAUSAL_LM = {"llama": "LlamaForCausalLM", "qwen3_next": "Qwen3NextForCausalLM"}

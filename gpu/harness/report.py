@@ -323,16 +323,39 @@ def judge_memory(scenario: str, tree: str, test: dict[str, Any]) -> Judgement:
                  "before the KV cache was sized")
         if test.get("workspace_grown_after"):
             size += " (grown after by " + ", ".join(test["workspace_grown_after"]) + ")"
+    size += _memory_trace_text(test)
     if not test.get("booted") or test.get("error"):
         stage = "at boot" if not test.get("booted") else "while generating"
         return Judgement(scenario, tree, "crash", f"{size}; {stage}: {_crash_text(test)}", [], _summary(test), {})
     return Judgement(scenario, tree, "figure", size, [], _summary(test), {})
 
 
+def _memory_trace_text(test: dict[str, Any]) -> str:
+    """An Engine.memory_trace run in words: the profile's budget and its estimate of what torch holds, then each
+    workload's peak of torch's allocator (reserved, then allocated), or the workload that failed."""
+    profile = test.get("profile") or {}
+    parts = []
+    if profile:
+        parts.append(f"budget {profile['requested_gib']:.2f} GiB, KV cache {profile['kv_cache_gib']:.2f} GiB, "
+                     f"torch estimate {profile['torch_estimate_gib']:.2f} GiB")
+    for name, w in test.get("workloads", {}).items():
+        if "peak_reserved_gib" not in w:
+            continue
+        if "error" in w:
+            parts.append(f"{name}: FAILED ({w['error'].get('type')}) at peak {w['peak_reserved_gib']:.2f} GiB")
+            continue
+        over = ""
+        if profile.get("torch_estimate_gib"):
+            over = f", {100 * (w['peak_reserved_gib'] / profile['torch_estimate_gib'] - 1):+.1f}% of the estimate"
+        parts.append(f"{name}: peak {w['peak_reserved_gib']:.2f} GiB reserved ({w['peak_allocated_gib']:.2f} "
+                     f"allocated{over}) in {w['seconds']:.0f} s")
+    return "".join(f"; {p}" for p in parts)
+
+
 def _summary(result: dict[str, Any]) -> dict[str, Any]:
     keys = ("booted", "boot_s", "cudagraph_mode", "error", "failure", "returncode", "kv_cache_tokens",
             "kv_cache_gib", "workspace_mb", "workspace_mb_profiled", "workspace_grown_after", "emulated",
-            "jit_compiled_serving", "jit_after_first_request")
+            "jit_compiled_serving", "jit_after_first_request", "profile", "after_boot_gib")
     return {k: result[k] for k in keys if k in result}
 
 

@@ -72,6 +72,7 @@ def _job(engine: Engine, model_dir: Path, force: dict[str, list[list[int]]] | No
         "force": force,
         "logprobs": engine.logprobs,
         "jit_strict": engine.jit_strict,
+        "memory_trace": engine.memory_trace,
     }
 
 

@@ -20,6 +20,7 @@ from .models import (
     QWEN3_NEXT12_DENSE_MTP,
     QWEN3_NEXT12_G6D256_MTP,
     QWEN3_NEXT12_MTP,
+    QWEN27B_SHAPED_256K_MTP,
     QWEN27B_SHAPED_MTP,
     ModelSpec,
 )
@@ -58,6 +59,9 @@ class Engine:
     # Warm up on the first request alone, then fail on any kernel compiled after it (vLLM's JIT monitor in its
     # error mode; harness.child.strict_jit_after_warmup). One GPU: the monitor of a worker in the child's process.
     jit_strict: bool = False
+    # No warm-up; each workload's peak of torch's allocator recorded (harness.child.memory_trace), the workloads
+    # in order until one fails (after an out-of-memory error the engine is not trusted further).
+    memory_trace: bool = False
 
     def key(self) -> str:
         """Engines with the same key give the same tokens; a shared reference runs once."""
@@ -65,6 +69,7 @@ class Engine:
                            "force": self.force, **({"env": list(map(list, self.env))} if self.env else {}),
                            **({"logprobs": True} if self.logprobs else {}),
                            **({"jit_strict": True} if self.jit_strict else {}),
+                           **({"memory_trace": True} if self.memory_trace else {}),
                            "workloads": [[w.name, w.prompts, w.max_tokens, *([w.arrivals] if w.arrivals else [])]
                                          for w in self.workloads]},
                           sort_keys=True)
@@ -469,6 +474,43 @@ def _memory_at(model: ModelSpec, spec: dict[str, Any], budget: str) -> Scenario:
     )
 
 
+# The long prompts of the 24 GB memory scenarios, in tokens, shortest first.
+LONG_PROMPTS = (8192, 32768, 65536, 131072, 200000)
+
+
+def _long_context_24gib(preset: str, max_num_seqs: int) -> Scenario:
+    """Out of memory or not on a 24 GB card's budget (gpu_memory_utilization 0.97, emulated), the users' way:
+    Qwen3.6-27B's widths and heads in 16 layers at its own context (max_model_len 262,144), TurboQuant, MTP K=3,
+    FULL_AND_PIECEWISE, 99 KiB of shared memory a block. With max_num_seqs 8, single prompts of 8k to 200k tokens
+    one after another (each chunked prefill continues over a cache that grows to the prompt's length); with 64, a
+    burst of 64 prompts of 2k arriving at once. No warm-up: each workload's peak of torch's allocator is recorded
+    against the budget (Engine.memory_trace), and the first failure ends the run. Runs alone on its GPU."""
+    vocab = QWEN27B_SHAPED_256K_MTP.config["vocab_size"]
+    if max_num_seqs == 8:
+        workloads = tuple(Workload(f"single{n // 1024}k", (_prompt(n, n, vocab),), max_tokens=16)
+                          for n in LONG_PROMPTS)
+    else:
+        workloads = (Workload("burst64x2k", tuple(_prompt(seed, 2048, vocab) for seed in range(1, 65)),
+                              max_tokens=16),)
+    kw: dict[str, Any] = {"kv_cache_dtype": f"turboquant_{preset}", "load_format": "dummy", "seed": 0,
+                          "skip_tokenizer_init": True, "attention_config": {"flash_attn_version": 2},
+                          "speculative_config": mtp(3), "max_model_len": 262144, "max_num_seqs": max_num_seqs,
+                          "gpu_memory_utilization": 0.97, "additional_config": {"gdn_prefill_backend": "triton"}}
+    env = (("VLLM_DEBUG_WORKSPACE", "1"), ("VP_EMULATE_GPU_GIB", str(CONSUMER_GIB)), *CONSUMER_SMEM_ENV)
+    engine = Engine(model=QWEN27B_SHAPED_256K_MTP, kwargs=kw, workloads=workloads, env=env, memory_trace=True)
+    what = "single prompts of 8k to 200k tokens" if max_num_seqs == 8 else "a burst of 64 prompts of 2k"
+    return Scenario(
+        name=f"l24-{preset}-s{max_num_seqs}",
+        title=f"Qwen3.6-27B widths in 16 layers, TurboQuant {preset}, MTP k=3, max_model_len 262,144, max_num_seqs "
+              f"{max_num_seqs}, {CONSUMER_GIB} GB card's budget at 0.97 (emulated), 99 KiB: {what}",
+        test=engine, reference=engine,
+        unpatched="TurboQuant's scratch beyond the memory profile: the builders' workspace, the continuation "
+                  "prefill's dequantized prefix",
+        fixed_by=("0008",),
+        oracle="memory",
+    )
+
+
 def _ultraquant(s: Scenario, **whole: Any) -> Scenario:
     """A TurboQuant scenario with UltraQuant's 4-bit cache on every engine instead, in bfloat16 (the only dtype
     UltraQuant serves) and with its backend chosen explicitly (0.33 offers it on ROCm only; on CUDA a hybrid
@@ -687,7 +729,11 @@ TP2: tuple[Scenario, ...] = tuple(tensor_parallel(s) for s in (
 # No kernel compiled while serving (one GPU): selected by name (`--scenarios j`), never by default.
 JIT: tuple[Scenario, ...] = (_jit_strict("3bit_nc", "mtp"), _jit_strict("k8v4", "ngram"))
 
-BY_NAME = {s.name: s for s in (*SCENARIOS, *PROBES, *TP2, *JIT)}
+# Long contexts on a 24 GB card's budget (each engine alone on its GPU): selected by name (`--scenarios l24`).
+LONG_24GIB: tuple[Scenario, ...] = tuple(_long_context_24gib(preset, seqs) for preset in ("4bit_nc", "3bit_nc")
+                                         for seqs in (8, 64))
+
+BY_NAME = {s.name: s for s in (*SCENARIOS, *PROBES, *TP2, *JIT, *LONG_24GIB)}
 
 
 def select(names: str | None) -> list[Scenario]:

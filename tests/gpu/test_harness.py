@@ -609,3 +609,46 @@ def test_strict_jit_scenarios_warm_up_once_and_judge_the_engine_under_the_consum
         assert len(set(arrivals)) > 8 and len(arrivals) == 16
     assert '"jit_strict": true' in JIT[0].test.key()
     assert "jit_strict" not in JIT[0].reference.key()
+
+
+def test_memory_trace_reports_each_workload_against_the_profile_and_the_one_that_failed():
+    oom = {"type": "OutOfMemoryError", "message": "CUDA out of memory", "at": "turboquant_attn.py:1"}
+    test = {"booted": True, "kv_cache_tokens": 900000, "error": oom,
+            "profile": {"requested_gib": 23.28, "kv_cache_gib": 4.1, "torch_estimate_gib": 22.5},
+            "workloads": {"single8k": {"seconds": 3.2, "peak_allocated_gib": 21.9, "peak_reserved_gib": 22.05},
+                          "single32k": {"seconds": 9.0, "peak_allocated_gib": 22.6, "peak_reserved_gib": 23.0},
+                          "single64k": {"seconds": 1.0, "error": oom, "peak_allocated_gib": 23.9,
+                                        "peak_reserved_gib": 23.99}}}
+    j = report.judge_memory("l24", "without-0008", test)
+    assert j.verdict == "crash" and "while generating" in j.detail
+    assert "budget 23.28 GiB" in j.detail and "torch estimate 22.50 GiB" in j.detail
+    assert "single8k: peak 22.05 GiB reserved (21.90 allocated, -2.0% of the estimate)" in j.detail
+    assert "single32k: peak 23.00 GiB reserved" in j.detail and "+2.2% of the estimate" in j.detail
+    assert "single64k: FAILED (OutOfMemoryError)" in j.detail
+    fine = {**test, "error": None, "workloads": dict(list(test["workloads"].items())[:2])}
+    assert report.judge_memory("l24", "patched", fine).verdict == "figure"
+
+
+def test_long_context_memory_scenarios_are_the_users_and_run_only_by_name():
+    from harness import scenarios as sc
+
+    chosen = sc.select("l24")
+    assert [s.name for s in chosen] == ["l24-4bit_nc-s8", "l24-4bit_nc-s64", "l24-3bit_nc-s8", "l24-3bit_nc-s64"]
+    assert not {s.name for s in chosen} & {s.name for s in sc.select(None)}
+    for s in chosen:
+        e = s.test
+        assert e.memory_trace and s.oracle == "memory" and s.reference is e
+        env = dict(e.env)
+        assert env["VP_EMULATE_GPU_GIB"] == "24" and env["VLLM_TURBOQUANT_MQ_MAX_SHARED_MEMORY"] == "101376"
+        assert e.kwargs["gpu_memory_utilization"] == 0.97 and e.kwargs["speculative_config"] == sc.mtp(3)
+        assert e.kwargs["max_model_len"] == e.model.config["max_position_embeddings"] == 262144
+        assert (e.model.config["num_attention_heads"], e.model.config["num_key_value_heads"],
+                e.model.config["head_dim"]) == (24, 4, 256)
+        lengths = [len(p) for w in e.workloads for p in w.prompts]
+        assert max(lengths) < e.kwargs["max_model_len"]
+        assert '"memory_trace": true' in e.key()
+    singles = sc.BY_NAME["l24-3bit_nc-s8"].test.workloads
+    assert [len(w.prompts[0]) for w in singles] == sorted(sc.LONG_PROMPTS)
+    burst = sc.BY_NAME["l24-3bit_nc-s64"].test
+    assert burst.kwargs["max_num_seqs"] == 64 and len(burst.workloads[0].prompts) == 64
+    assert len(set(burst.workloads[0].prompts)) == 64
