@@ -138,7 +138,8 @@ def _late_bound_tl_aliases(module: ModuleType) -> None:
 
 
 AFTER_EXEC: dict[str, Callable[[ModuleType], None]] = {
-    "vllm.model_executor.layers.fla.ops.op": _late_bound_tl_aliases,
+    "vllm.model_executor.layers.fla.ops.op": _late_bound_tl_aliases,  # up to 0.25
+    "vllm.third_party.flash_linear_attention.ops.op": _late_bound_tl_aliases,  # 0.26 and later
 }
 """Adjustments made to a source module right after it runs, by dotted name."""
 

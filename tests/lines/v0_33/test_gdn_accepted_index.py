@@ -26,9 +26,6 @@ import vllm_tree
 
 pytestmark = pytest.mark.patch("gdn-bound-the-accepted-token-index")
 
-# 0.33 moved fla's op.py; the interpreter needs its late-bound tl aliases there too.
-vllm_tree.AFTER_EXEC["vllm.third_party.flash_linear_attention.ops.op"] = vllm_tree._late_bound_tl_aliases
-
 OPS = "vllm/third_party/flash_linear_attention/ops/"
 OPS_BEFORE_0_26 = "vllm/model_executor/layers/fla/ops/"  # 0.25.1 (line v0.25)
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
