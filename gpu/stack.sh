@@ -239,7 +239,7 @@ patch_numbered() {
     local series
     [[ $2 =~ ^[0-9]{4}$ ]] || die "VP_WITHOUT is a patch number such as 0005, not $2"
     series=$(series_dir "$1") || exit 2
-    grep -E "^$2-.*\.patch$" "$series/series" || die "VP_WITHOUT: no patch $2 in the series of $1"
+    grep -oE "^$2-[^ ]*\.patch" "$series/series" || die "VP_WITHOUT: no patch $2 in the series of $1"
 }
 
 # The line's series without patch $2 (its number, e.g. 0005) on a copy of the release, beside the line's trees
@@ -253,9 +253,11 @@ tree_without() {
     if [ ! -f "$out/.complete" ]; then
         deps=$(tool_deps)
         tmp=$(mktemp -d)
-        mkdir -p "$tmp/patches" "$out"
-        cp "$series"/patches/*.patch "$tmp/patches/"
-        grep -v -x -F "$name" "$series/series" >"$tmp/series"
+        mkdir -p "$out"
+        # The line as a plain series (patches it carries from another line copied in), less the one patch.
+        (cd "$ROOT" && PYTHONPATH="$ROOT/tool:$deps" "$PY" -m vllm_patch --line "$(tool_line "$line")" export "$tmp/x") >&2
+        mv "$tmp/x/patches" "$tmp/patches"
+        grep -v -x -F "$name" "$tmp/x/series" >"$tmp/series"
         cp -a "$dir/prefix/site/vllm" "$dir/prefix/site"/vllm-*.dist-info "$out/"
         (cd "$ROOT" && PYTHONPATH="$ROOT/tool:$deps" "$PY" -m vllm_patch --series "$tmp" apply --target "$out") >&2
         rm -rf "$tmp"

@@ -7,7 +7,8 @@ generated from them into the build (never into git); an sdist carries the genera
 wheel built from it (no repository around) uses that. Neither present: the build fails.
 
 The series format is read here as ``vllm_patch.series`` reads it (``#: KEY = VALUE`` pin lines,
-``#`` comments, one patch name a line), and the digest is the guard's own `digest`, which its tests
+``#`` comments, one patch name a line, ``NAME from LINE[/NAME]`` for a patch read from another line's
+``patches/``), and the digest is the guard's own `digest`, which its tests
 hold equal to the tool's; the tool itself is not imported (a build of the guard must not need it).
 """
 
@@ -37,22 +38,30 @@ def repository() -> Path | None:
     return None
 
 
-def read_line(name: str, root: Path) -> dict:
+def read_line(name: str, root: Path, project: Path | None = None) -> dict:
     """One line's data: name, pinned version, the later releases it is proven on, commit, patches
-    (name, sha256), digest."""
+    (name, sha256), digest. `project` (default `root`, the top-level line's) holds the lines a patch is carried
+    from."""
+    project = project or root
     fields: dict[str, str] = {}
     names: list[str] = []
+    files: dict[str, Path] = {}
     for raw in (root / "series").read_text(encoding="utf-8").splitlines():
         text = raw.strip()
         if text.startswith("#:"):
             key, _, value = text[2:].partition("=")
             fields[key.strip()] = value.strip()
         elif text and not text.startswith("#"):
-            names.append(text.split()[0])
+            words = text.split()
+            names.append(words[0])
+            if len(words) == 3 and words[1] == "from":  # carried from another line
+                line, _, source = words[2].partition("/")
+                files[words[0]] = (project if line == "current" else project / "lines" / line) / "patches" / \
+                    (source or words[0])
     if "version" not in fields or "commit" not in fields:
         raise SystemExit(f"{root / 'series'}: the pin lacks '#: version' or '#: commit'")
     commit = fields["commit"].lower()
-    patches = [(n, (root / "patches" / n).read_bytes()) for n in names]
+    patches = [(n, files.get(n, root / "patches" / n).read_bytes()) for n in names]
     return {
         "name": name,
         "version": fields["version"],
@@ -66,10 +75,10 @@ def read_line(name: str, root: Path) -> dict:
 def lines_data(root: Path) -> bytes:
     """Every line of the repository at `root`, as ``vllm_patch.lines.lines_of`` lists them: the
     top-level one (``current``) first, then ``lines/*`` with a series and patches, by name."""
-    lines = [read_line("current", root)]
+    lines = [read_line("current", root, root)]
     base = root / "lines"
     if base.is_dir():
-        lines += [read_line(d.name, d) for d in sorted(base.iterdir())
+        lines += [read_line(d.name, d, root) for d in sorted(base.iterdir())
                   if (d / "series").is_file() and (d / "patches").is_dir()]
     return (json.dumps({"lines": lines}, indent=1, sort_keys=True) + "\n").encode("utf-8")
 

@@ -12,7 +12,8 @@ import pytest
 
 from helpers import build_series, edit, git_repo, run_cli, snapshot, write_tree
 from vllm_patch.errors import InputError, PinMismatch
-from vllm_patch.lines import CURRENT, line_for, line_named, lines_of, nearest, project_of
+from vllm_patch.lines import CURRENT, line_for, line_named, lines_of, nearest
+from vllm_patch.series import project_of
 
 OLD_VERSION_PY = b"__version__ = version = '0.19.1'\n__commit_id__ = commit_id = 'g0123456789'\n"
 OLD_PIN = {"version": "0.19.1", "tag": "v0.19.1", "commit": "0123456789"}

@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from . import __version__, operations, report
 from .doctor import PRESETS, render
 from .errors import EXIT_OK, EXIT_PATCH_FAILED, EXIT_USAGE, VllmPatchError
-from .lines import line_named
+from .lines import CURRENT, line_named
 from .locate import SeriesHome, find_home
 from .operations import PatchFailedWith
 from .series import Series, load_series
@@ -237,6 +237,17 @@ def series_cmd(ctx: click.Context, as_json: bool) -> None:
     else:
         out.print(source, markup=False)
         report.print_series(series, out)
+
+
+@main.command("export")
+@click.argument("dest", type=click.Path(path_type=Path))
+@click.pass_context
+@handle_errors
+def export_cmd(ctx: click.Context, dest: Path) -> None:
+    """Write the line out as a plain series in DEST (a new or empty folder): its series file and every patch under
+    patches/, those it carries from another line included, for quilt or git am."""
+    names = operations.export(_series(ctx), dest, ctx.obj.get("line") or CURRENT)
+    out.print(f"OK: wrote {len(names)} patches and the series to {dest}", markup=False)
 
 
 @main.command()

@@ -14,10 +14,8 @@ from packaging.version import InvalidVersion, Version
 
 from .engine.patchfile import check_path
 from .errors import InputError, PinMismatch
-from .series import PATCH_DIR, SERIES_FILE, Series, load_series
+from .series import CURRENT, LINES_DIR, PATCH_DIR, SERIES_FILE, Series, load_series
 
-LINES_DIR = "lines"
-CURRENT = "current"
 # The way past a release no line covers, for the commands that take --force.
 FORCE_HINT = "pass --line NAME --force to use one anyway"
 
@@ -42,11 +40,6 @@ def lines_of(project: Path) -> list[Line]:
         found += [Line(d.name, d) for d in sorted(base.iterdir())
                   if (d / SERIES_FILE).exists() and (d / PATCH_DIR).is_dir()]
     return found
-
-
-def project_of(series_root: Path) -> Path:
-    """The project holding a series directory: a line's ``lines/NAME`` lies two levels down."""
-    return series_root.parent.parent if series_root.parent.name == LINES_DIR else series_root
 
 
 def line_named(project: Path, name: str) -> Line:

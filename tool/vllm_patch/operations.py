@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import doctor as doctor_room  # the module, not its names: doctor.install imports operations back
+from .artifacts.export import export_series
 from .artifacts.wheel import build_wheel as build_patched_wheel
 from .artifacts.wheel import wheel_release
 from .engine.analysis import Analysis, Contents, analyze, created_modes, touched
@@ -232,6 +233,11 @@ def outlook(series: Series, releases: list[str] | None = None, to: str | None = 
     from .lifecycle.upstream_trees import UpstreamCache
 
     return build_outlook(series, UpstreamCache(), releases, to, repo, quiet, progress, root)
+
+
+def export(series: Series, dest: Path, line: str) -> list[str]:
+    """The line as a plain series in `dest` (see artifacts.export)."""
+    return export_series(series, dest, line)
 
 
 def series_for(home: SeriesHome, target: Target, line: str | None = None,

@@ -10,6 +10,13 @@ Format (quilt-compatible: quilt sees the pin as comments)::
     #: wheel = vllm-0.20.0-cp38-abi3-manylinux_2_35_x86_64.whl sha256:HEX
     #: also = 0.20.1 0.20.2
     0001-first-fix.patch
+    0002-carried-fix.patch from current
+    0003-other-fix.patch from current/0002-other-fix.patch
+
+A patch listed ``from LINE`` (``current``, or a folder of ``lines/``) is that line's own patch file of the same
+name (or the name after the slash), read from there: a line that carries another line's fix refers to it instead
+of holding a copy that could drift. ``vllm-patch export`` writes any line out as a plain series for quilt or
+``git am``.
 """
 
 from __future__ import annotations
@@ -20,21 +27,29 @@ from pathlib import Path
 
 from .engine.analysis import touched
 from .engine.patchfile import Patch, check_path, parse_patch
-from .engine.pin import PIN_FIELDS, Pin, pin_from_fields
+from .engine.pin import PIN_FIELDS, Pin, pin_from_fields, pin_lines
 from .errors import InputError
 from .infrastructure import readfile
 from .infrastructure.readfile import read_regular
 
 SERIES_FILE = "series"
 PATCH_DIR = "patches"
+LINES_DIR = "lines"
+CURRENT = "current"  # the line of the top-level series
 
 
 @dataclass(frozen=True)
 class Series:
-    """Ordered patches plus the pin they apply to."""
+    """Ordered patches plus the pin they apply to; `sources` names the patches carried by reference, each with the
+    ``LINE/NAME`` it is read from."""
 
     pin: Pin
     patches: tuple[Patch, ...]
+    sources: tuple[tuple[str, str], ...] = ()
+
+    def source_of(self, name: str) -> str | None:
+        """``LINE/NAME`` of a patch carried from another line, or None for the line's own."""
+        return dict(self.sources).get(name)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -56,8 +71,15 @@ class Series:
 def parse_series_text(text: str, where: str = "series") -> tuple[dict[str, str], list[str]]:
     """Split a series file into pin fields and patch names (pure; `where` names the file in
     messages)."""
+    fields, names, _ = parse_series_entries(text, where)
+    return fields, names
+
+
+def parse_series_entries(text: str, where: str = "series") -> tuple[dict[str, str], list[str], dict[str, str]]:
+    """Pin fields, patch names, and for each patch carried from another line its ``LINE/NAME`` (pure)."""
     fields: dict[str, str] = {}
     names: list[str] = []
+    sources: dict[str, str] = {}
     for no, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if line.startswith("#:"):
@@ -72,14 +94,46 @@ def parse_series_text(text: str, where: str = "series") -> tuple[dict[str, str],
             continue
         if not line or line.startswith("#"):
             continue
-        name = line.split()[0]
-        if len(line.split()) > 1:
-            raise InputError(f"{where} line {no}: patch options are not supported: {raw!r}")
+        words = line.split()
+        name = words[0]
+        if len(words) == 3 and words[1] == "from":
+            sources[name] = _source(f"{where} line {no}", name, words[2])
+        elif len(words) > 1:
+            raise InputError(f"{where} line {no}: expected a patch name, or 'NAME from LINE[/NAME]'; patch options "
+                             f"are not supported: {raw!r}")
         check_path(f"{where} line {no}", name)
         if name in names:
             raise InputError(f"{where} line {no}: {name} is listed twice")
         names.append(name)
-    return fields, names
+    return fields, names, sources
+
+
+def render_series(head: list[str], pin: Pin, names: list[str] | tuple[str, ...],
+                  sources: dict[str, str] | None = None) -> str:
+    """A series file: comment lines, the pin, then one entry a patch (``NAME from LINE/NAME`` where carried)."""
+    sources = sources or {}
+    entries = [f"{n} from {sources[n]}" if n in sources else n for n in names]
+    return "\n".join([*head, *pin_lines(pin), *entries]) + "\n"
+
+
+def _source(where: str, name: str, spec: str) -> str:
+    """``LINE/NAME`` of a ``from`` entry, its patch name defaulting to the entry's own."""
+    line, _, source = spec.partition("/")
+    check_path(where, line)
+    check_path(where, source or name)
+    if "/" in (source or name):
+        raise InputError(f"{where}: {spec!r} names a path; expected LINE or LINE/NAME")
+    return f"{line}/{source or name}"
+
+
+def line_root(project: Path, line: str) -> Path:
+    """The folder holding line `line`'s series: the project itself for ``current``, else ``lines/LINE``."""
+    return project if line == CURRENT else project / LINES_DIR / line
+
+
+def project_of(series_root: Path) -> Path:
+    """The project holding a series directory: a line's ``lines/NAME`` lies two levels down."""
+    return series_root.parent.parent if series_root.parent.name == LINES_DIR else series_root
 
 
 def load_series(root: Path) -> Series:
@@ -92,11 +146,11 @@ def load_series(root: Path) -> Series:
         raise InputError(f"no series file at {series_path}") from None
     except UnicodeDecodeError as exc:
         raise InputError(f"cannot read {series_path}: {exc}") from None
-    fields, names = parse_series_text(text, str(series_path))
+    fields, names, sources = parse_series_entries(text, str(series_path))
     pin = pin_from_fields(fields, str(series_path))
     patches = []
     for name in names:
-        path = root / PATCH_DIR / name
+        path = _carried_path(root, sources[name], series_path) if name in sources else root / PATCH_DIR / name
         try:
             data = read_regular(path, readfile.PATCH_LIMIT)
         except FileNotFoundError:
@@ -105,4 +159,23 @@ def load_series(root: Path) -> Series:
             patches.append(parse_patch(name, data))
         except InputError as exc:  # name the file, not only the patch: lines share patch names
             raise InputError(f"{path}: {exc.message.removeprefix(f'{name}: ')}") from None
-    return Series(pin, tuple(patches))
+    return Series(pin, tuple(patches), tuple(sources.items()))
+
+
+def _carried_path(root: Path, source: str, series_path: Path) -> Path:
+    """The file a ``from`` entry reads: a patch the other line lists as its own (a reference to a reference, or to
+    a patch that line no longer lists, is refused)."""
+    line, name = source.split("/")
+    other = line_root(project_of(root), line)
+    try:
+        text = read_regular(other / SERIES_FILE, readfile.SERIES_LIMIT).decode("utf-8")
+    except (FileNotFoundError, UnicodeDecodeError):
+        raise InputError(f"{series_path} carries {source}, but there is no readable line {line!r} "
+                         f"({other / SERIES_FILE})") from None
+    _, names, sources = parse_series_entries(text, str(other / SERIES_FILE))
+    if name not in names:
+        raise InputError(f"{series_path} carries {source}, but line {line} does not list {name}")
+    if name in sources:
+        raise InputError(f"{series_path} carries {source}, which line {line} carries from {sources[name]}: "
+                         "refer to the line that holds the file")
+    return other / PATCH_DIR / name

@@ -95,6 +95,9 @@ class Author:
         """Regenerate patch `name` from `tree` (the base and the patches up to it, edited)."""
         if name not in self.series.names:
             raise InputError(f"no patch named {name} in the series")
+        if self.series.source_of(name):
+            raise InputError(f"{name} is carried from {self.series.source_of(name)}: refresh it in that line "
+                             "(every line that carries it follows), or make it this line's own file first")
         index = self.series.names.index(name)
         patch = self.series.patches[index]
         paths = list(dict.fromkeys([*patch.paths, *(check_path("--file", p) for p in extra)]))

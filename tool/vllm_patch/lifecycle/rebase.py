@@ -33,12 +33,11 @@ import git
 
 from ..engine.analysis import Contents, State, analyze, classify, decode, encode, touched
 from ..engine.patchfile import Patch
-from ..engine.pin import Artifact, Pin, pin_lines
+from ..engine.pin import Artifact, Pin
 from ..errors import InputError, PatchFailed, RebaseConflict, UpstreamError
 from ..infrastructure.downloads import index_files, indexed_artifact
 from ..infrastructure.transaction import SeriesDir
-from ..lines import project_of
-from ..series import PATCH_DIR, SERIES_FILE, Series, parse_series_text
+from ..series import PATCH_DIR, SERIES_FILE, Series, parse_series_text, project_of, render_series
 from .merge3 import conflict_regions, marker_lines, merge_file
 from .obsolete import Judge, project_test_runner, validate
 from .patchwriter import Header, PatchWriter
@@ -227,7 +226,8 @@ def new_pin(tag: str, tree: UpstreamTree, notes: list[str] | None = None) -> Pin
     return Pin(version, tag, named.lower(), Artifact(sdist.filename, sdist.sha256), wheel)
 
 
-def series_text(old_text: str, pin: Pin, names: list[str], comment: list[str] | None = None) -> str:
+def series_text(old_text: str, pin: Pin, names: list[str], comment: list[str] | None = None,
+                sources: dict[str, str] | None = None) -> str:
     """The series file with the new pin and names, other comment lines kept.
 
     With `comment` (lines without their ``#``), the header comment is rewritten for the
@@ -245,7 +245,7 @@ def series_text(old_text: str, pin: Pin, names: list[str], comment: list[str] | 
         if head:
             head.append("#")
         head += [f"# {line}".rstrip() for line in comment]
-    return "\n".join([*head, *pin_lines(pin), *names]) + "\n"
+    return render_series(head, pin, names, sources)
 
 
 def _before_pin(head: list[str], patterns: list[str]) -> list[str]:
@@ -527,9 +527,14 @@ class Rebaser:
         kept = [o.name for o in outcomes if o.step not in DROPS]
         changes: Contents = {}
         old_text = (self.root / SERIES_FILE).read_text()
-        changes[SERIES_FILE] = series_text(old_text, pin, kept, comment).encode()
+        # A patch carried from another line stays a reference while it ports unchanged; one that had to change
+        # becomes this line's own file.
+        raw = {p.name: p.raw for p in self.series.patches}
+        sources = {n: src for n, src in self.series.sources if n in kept and texts[n].encode("utf-8") == raw[n]}
+        changes[SERIES_FILE] = series_text(old_text, pin, kept, comment, sources).encode()
         for name in kept:
-            changes[f"{PATCH_DIR}/{name}"] = texts[name].encode("utf-8")
+            if name not in sources:
+                changes[f"{PATCH_DIR}/{name}"] = texts[name].encode("utf-8")
         dropped = [o for o in outcomes if o.step in DROPS]
         if dropped:
             log = self.root / DROPPED_FILE
