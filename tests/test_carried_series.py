@@ -14,7 +14,7 @@ import pytest
 from helpers import git, git_repo, run_cli, snapshot
 from vllm_patch.errors import InputError
 from vllm_patch.lines import line_named, lines_of
-from vllm_patch.series import load_series, parse_series_entries
+from vllm_patch.series import load_series, parse_series_entries, render_series
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -183,3 +183,13 @@ def test_a_change_to_the_current_lines_patch_reaches_every_line_that_carries_it(
     assert set(carriers) >= {"v0.32", "v0.27", "v0.25"}
     for line, series in carriers.items():
         assert changed in {p.raw for p in series.patches}, line
+
+
+def test_the_series_writer_writes_references_back_as_they_are_read(project):
+    series = line_named(project, "v1").load()
+    text = render_series(["# a line"], series.pin, [*series.names, "0003-x.patch"],
+                         {**dict(series.sources), "0003-x.patch": "v0.27/0009-y.patch"})
+    fields, names, sources = parse_series_entries(text)
+    assert names == [*series.names, "0003-x.patch"]
+    assert sources == {**dict(series.sources), "0003-x.patch": "v0.27/0009-y.patch"}
+    assert f"{series.names[0]} from current\n" in text and fields["version"] == series.pin.version

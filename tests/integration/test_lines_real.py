@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_cli
-from vllm_patch.infrastructure.downloads import cache_root, fetch, indexed_artifact, unpack_sdist
+from helpers import git, run_cli
+from vllm_patch.infrastructure.downloads import cache_root, fetch, indexed_artifact, pinned_base_tree, unpack_sdist
 from vllm_patch.lines import CURRENT, line_named, lines_of
 
 pytestmark = pytest.mark.integration
@@ -81,3 +81,24 @@ def test_a_release_a_line_covers_gets_it_without_force(version, line, tmp_path):
         assert [(p["name"], p["state"]) for p in data["patches"]] == [(n, state) for n in names], command
         assert any(f"release line {line}" in note for note in data["notes"]), (command, data["notes"])
     assert snapshot(tree) == before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("line", [line.name for line in lines_of(PROJECT)])
+def test_each_line_exported_applies_with_git_am_to_its_release(line, tmp_path):
+    """A line's stored series may name patches it carries from another line (``NAME from LINE``); exported, it is
+    a plain series that ``git am`` applies in order to a git repository of the pinned release."""
+    series = line_named(PROJECT, line).load()
+    out = tmp_path / "exported"
+    done = run_cli("--line", line, "export", str(out), cwd=PROJECT)
+    assert done.returncode == 0, done.stderr
+    names = [n for n in (out / "series").read_text().splitlines() if n and not n.startswith("#")]
+    assert names == list(series.names)
+    repo = tmp_path / "vllm"
+    shutil.copytree(pinned_base_tree(series.pin, quiet=True), repo, ignore=shutil.ignore_patterns("__pycache__"))
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", f"vLLM {series.pin.version}")
+    for name in names:
+        git(repo, "am", "-q", "--keep-cr", str(out / "patches" / name))
+    assert len(git(repo, "log", "--oneline").decode().splitlines()) == len(names) + 1

@@ -149,3 +149,35 @@ def test_rebase_from_a_local_git_checkout(rebase_series, sdist_tree, tmp_path):
     data = json.loads(result.stdout)
     assert [p["step"] for p in data["patches"]] == ["clean", "merged", "upstreamed"]
     assert data["pin"]["commit"] == git(repo, "rev-parse", "v0.21.0").decode().strip()
+
+
+def test_a_carried_patch_stays_a_reference_while_it_ports_unchanged(rebase_series, tmp_path):
+    """A line carrying the current line's patches (``NAME from current``) rebased to 0.21.0: a patch that applies
+    to the new base as it is (clean) stays a reference to the current line's file; one the port had to change
+    (merged with the new base) becomes the line's own file."""
+    project = tmp_path / "project"
+    shutil.copytree(rebase_series, project)
+    names = [n for n in (project / "series").read_text().splitlines() if n and not n.startswith("#")]
+    line = project / "lines" / "old"
+    (line / "patches").mkdir(parents=True)
+    text = (project / "series").read_text()
+    for name in names[:2]:
+        text = text.replace(f"{name}\n", f"{name} from current\n")
+    for name in names[2:]:
+        shutil.copyfile(project / "patches" / name, line / "patches" / name)
+    (line / "series").write_text(text)
+    first = run_cli("--series", str(line), "rebase", "v0.21.0", "--json")
+    assert first.returncode == 1, first.stderr
+    resolve_taking_ours(Path(json.loads(first.stdout)["work_dir"]))
+    done = run_cli("--series", str(line), "rebase", "--continue", "--json",
+                   env={"VLLM_PATCH_INDEX_URL": "http://127.0.0.1:9/simple"})
+    assert done.returncode == 0, done.stderr
+    steps = {p["name"]: p["step"] for p in json.loads(done.stdout)["patches"]}
+    entries = [n for n in (line / "series").read_text().splitlines() if n and not n.startswith("#")]
+    clean, merged = names[:2]
+    assert steps[clean] == "clean" and steps[merged] == "merged"
+    unchanged = (project / "patches" / clean).read_bytes()
+    assert f"{clean} from current" in entries and not (line / "patches" / clean).exists()
+    assert merged in entries and (line / "patches" / merged).is_file()
+    assert (project / "patches" / clean).read_bytes() == unchanged  # the current line's file is never written
+    assert run_cli("--series", str(line), "check").returncode == 0

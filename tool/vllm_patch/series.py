@@ -112,7 +112,7 @@ def render_series(head: list[str], pin: Pin, names: list[str] | tuple[str, ...],
                   sources: dict[str, str] | None = None) -> str:
     """A series file: comment lines, the pin, then one entry a patch (``NAME from LINE/NAME`` where carried)."""
     sources = sources or {}
-    entries = [f"{n} from {sources[n]}" if n in sources else n for n in names]
+    entries = [f"{n} from {sources[n].removesuffix(f'/{n}')}" if n in sources else n for n in names]
     return "\n".join([*head, *pin_lines(pin), *entries]) + "\n"
 
 

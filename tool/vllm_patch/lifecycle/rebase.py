@@ -527,10 +527,13 @@ class Rebaser:
         kept = [o.name for o in outcomes if o.step not in DROPS]
         changes: Contents = {}
         old_text = (self.root / SERIES_FILE).read_text()
-        # A patch carried from another line stays a reference while it ports unchanged; one that had to change
-        # becomes this line's own file.
+        # A patch carried from another line stays a reference while it applies to the new base as it is (clean:
+        # the other line's file still applies, at other positions at most); one the port had to change becomes
+        # this line's own file.
         raw = {p.name: p.raw for p in self.series.patches}
-        sources = {n: src for n, src in self.series.sources if n in kept and texts[n].encode("utf-8") == raw[n]}
+        as_is = {o.name for o in outcomes if o.step is Step.CLEAN}
+        sources = {n: src for n, src in self.series.sources
+                   if n in kept and (n in as_is or texts[n].encode("utf-8") == raw[n])}
         changes[SERIES_FILE] = series_text(old_text, pin, kept, comment, sources).encode()
         for name in kept:
             if name not in sources:
