@@ -28,9 +28,10 @@ setup: $(BIN)/vllm-patch ## create .venv with vllm-patch (the tool only)
 
 dev: $(DEV) ## add the test and kernel-test tools to .venv (make unit/test/lint do)
 
-check: setup ## check the series on the pinned vLLM release (downloads and caches its sdist)
+check: setup ## check the series on the pinned vLLM release (downloads and caches its sdist), and vLLM's own ruff on what it changes
 	$(BIN)/vllm-patch $(SERIES_ARGS) series
 	$(BIN)/vllm-patch $(SERIES_ARGS) check
+	$(BIN)/python devtools/vllm_ruff.py --line $(or $(LINE),current)
 
 wheel: setup ## build the patched wheel into dist/ from the pinned upstream wheel (downloaded, cached)
 	$(BIN)/vllm-patch $(SERIES_ARGS) build-wheel --out dist
