@@ -193,3 +193,46 @@ def test_the_series_writer_writes_references_back_as_they_are_read(project):
     assert names == [*series.names, "0003-x.patch"]
     assert sources == {**dict(series.sources), "0003-x.patch": "v0.27/0009-y.patch"}
     assert f"{series.names[0]} from current\n" in text and fields["version"] == series.pin.version
+
+
+@pytest.fixture
+def kernel_project(tmp_path, base_files, two_patch_series, monkeypatch) -> tuple[Path, Path]:
+    """The current line (its first patch adds vllm/new_kernel.py) and lines/v1, whose first patch of the same
+    name adds another text of that file beside an edit of its own; the pinned base as a tagged git repository."""
+    from helpers import build_series, edit
+
+    monkeypatch.setenv("VLLM_PATCH_CACHE", str(tmp_path / "cache"))
+    upstream = git_repo(tmp_path / "upstream", base_files, tag="v0.20.0")
+    root = tmp_path / "project"
+    shutil.copytree(two_patch_series, root)
+    first = load_series(root).names[0]
+    line = build_series(root / "lines" / "v1", base_files, [
+        ("first fix", {"vllm/b.py": edit(base_files["vllm/b.py"], b"return 1\n", b"return 12\n"),
+                       "vllm/new_kernel.py": b"KERNEL = 0\n"})])
+    assert load_series(line).names == (first,)
+    return root, upstream
+
+
+def test_a_file_a_newer_line_adds_whole_is_carried_with_its_text(kernel_project):
+    root, upstream = kernel_project
+    line = root / "lines" / "v1"
+    before = (line / "patches").iterdir().__next__().read_text()
+    told = run_cli("--series", str(line), "carry", "--check")
+    assert told.returncode == 1 and "vllm/new_kernel.py: differs as current/0001-first-fix.patch" in told.stdout
+    assert (line / "patches").iterdir().__next__().read_text() == before  # --check writes nothing
+    done = run_cli("--series", str(line), "carry", "--upstream", str(upstream))
+    assert done.returncode == 0, done.stderr
+    patch = load_series(line).patches[0]
+    assert {f.path for f in patch.files} == {"vllm/b.py", "vllm/new_kernel.py"}
+    assert "+KERNEL = 1\n" in patch.raw.decode() and "+    return 12\n" in patch.raw.decode()
+    assert patch.subject == load_series(root).patches[0].subject
+    assert run_cli("--series", str(line), "carry", "--check").returncode == 0
+
+
+def test_every_line_adds_the_files_it_shares_with_a_newer_line_with_that_lines_text():
+    """The multi-query kernel above all: lines v0.27 and v0.25 add it in their own 0003, as the current line."""
+    for line in lines_of(ROOT):
+        done = run_cli("--line", line.name, "carry", "--check", cwd=ROOT)
+        assert done.returncode == 0, f"line {line.name}: {done.stdout}{done.stderr} (run 'vllm-patch carry')"
+    told = run_cli("--line", "v0.25", "carry", "--check", cwd=ROOT).stdout
+    assert "vllm/v1/attention/ops/triton_turboquant_verify.py: same as current/0003" in told

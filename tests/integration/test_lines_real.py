@@ -102,3 +102,35 @@ def test_each_line_exported_applies_with_git_am_to_its_release(line, tmp_path):
     for name in names:
         git(repo, "am", "-q", "--keep-cr", str(out / "patches" / name))
     assert len(git(repo, "log", "--oneline").decode().splitlines()) == len(names) + 1
+
+
+@pytest.mark.slow
+def test_a_kernel_fix_made_once_reaches_every_line_that_carries_it(tmp_path):
+    """The multi-query kernel changed once, in the current line's 0003 (`refresh`), then `carry` in the lines that
+    add it in a 0003 of their own: every line that carries it adds the new text, and every line still checks on
+    its release (line v0.32 lists the current line's 0003 itself)."""
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copyfile(PROJECT / "series", project / "series")
+    for part in ("patches", "lines"):
+        shutil.copytree(PROJECT / part, project / part)
+    name = "0003-turboquant-multi-query-verify-kernel.patch"
+    current = line_named(project, CURRENT).load()
+    partial = tmp_path / "partial"
+    assert run_cli("--series", str(project), "export", str(partial)).returncode == 0
+    text = (partial / "series").read_text()
+    (partial / "series").write_text(text[:text.index(name) + len(name)] + "\n")
+    tree = tmp_path / "tree"
+    shutil.copytree(pinned_base_tree(current.pin, quiet=True), tree, ignore=shutil.ignore_patterns("__pycache__"))
+    assert run_cli("--series", str(partial), "apply", "--target", str(tree)).returncode == 0
+    kernel = tree / "vllm/v1/attention/ops/triton_turboquant_verify.py"
+    kernel.write_text(kernel.read_text().replace("_MAX_REGISTERS = 255\n", "_MAX_REGISTERS = 254\n", 1))
+    done = run_cli("--series", str(project), "refresh", name, "--from", str(tree))
+    assert done.returncode == 0, done.stderr
+    for line in ("v0.27", "v0.25"):
+        done = run_cli("--series", str(project / "lines" / line), "carry")
+        assert done.returncode == 0, done.stderr
+    for line in (CURRENT, "v0.32", "v0.27", "v0.25"):
+        series = line_named(project, line).load()
+        assert "+_MAX_REGISTERS = 254\n" in series.patches[series.names.index(name)].raw.decode(), line
+        assert run_cli("--line", line, "check", cwd=project).returncode == 0, line

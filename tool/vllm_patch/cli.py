@@ -547,6 +547,26 @@ def new(ctx, name, tree, files, subject, author, origin, bug, forwarded, unique,
     _authored(_author(ctx, upstream, as_json).new(name, tree, list(files), header, unique), as_json)
 
 
+@main.command()
+@click.option("--check", "check_only", is_flag=True,
+              help="Only say which files differ from the newer line's text (exit status 1 if any); write nothing.")
+@upstream_option
+@click.pass_context
+@handle_errors
+def carry(ctx: click.Context, check_only: bool, upstream: str | None) -> None:
+    """Give every file the line adds whole the text a newer line's patch of the same name adds (the multi-query
+    kernel, say), rewriting the line's patches that differ; their other changes and headers stay."""
+    root = _editable_root(ctx)
+    files = operations.carried_files(root) if check_only else None
+    if files is None:
+        files, written = operations.carry(root, upstream)
+        for result in written:
+            _authored(result, False)
+    report.print_carried(files, out)
+    if check_only and not all(f.same for f in files):
+        sys.exit(EXIT_PATCH_FAILED)
+
+
 @main.command("import")
 @click.argument("source")
 @click.option("--repo", type=click.Path(exists=True, file_okay=False, path_type=Path),

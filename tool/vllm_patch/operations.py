@@ -22,20 +22,24 @@ from email.utils import formatdate
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from packaging.version import Version
+
 from . import doctor as doctor_room  # the module, not its names: doctor.install imports operations back
 from .artifacts.export import export_series
 from .artifacts.wheel import build_wheel as build_patched_wheel
 from .artifacts.wheel import wheel_release
 from .engine.analysis import Analysis, Contents, analyze, created_modes, touched
+from .engine.carried import CarriedFile
+from .engine.carried import carried_files as find_carried
 from .engine.patchfile import Patch
 from .errors import InputError, PatchFailed, PinMismatch
 from .errors import RebaseConflict as RebaseConflict  # re-exported: `rebase` raises it, the CLI catches it here
 from .infrastructure.downloads import fetch, pinned_base_tree
 from .infrastructure.locking import target_lock
 from .infrastructure.transaction import SeriesDir
-from .lines import CURRENT, choose_line, line_named
+from .lines import CURRENT, choose_line, line_named, lines_of
 from .locate import SeriesHome
-from .series import Series, load_series
+from .series import Series, load_series, project_of
 from .targets import open_target
 from .targets.base import Found, Goal, Target
 
@@ -324,6 +328,25 @@ def author(root: Path, upstream: str | None = None, quiet: bool = False):
     cache = UpstreamCache()
     base = get_tree(series.pin.tag, upstream, quiet=quiet, cache=cache)
     return Author(root, series, cache, base.commit)
+
+
+def carried_files(root: Path) -> list[CarriedFile]:
+    """The files the series in `root` adds whole that a newer line's patch of the same name adds too (each newer
+    line, newest first: the current line, then the others by pinned release)."""
+    series = load_series(root)
+    others = [(line.name, line.load()) for line in lines_of(project_of(root)) if line.root.resolve() != root.resolve()]
+    newer = [(name, other) for name, other in others
+             if name == CURRENT or Version(other.pin.version) > Version(series.pin.version)]
+    newer.sort(key=lambda item: (item[0] != CURRENT, tuple(-x for x in Version(item[1].pin.version).release)))
+    return find_carried(series, newer)
+
+
+def carry(root: Path, upstream: str | None = None, quiet: bool = False) -> tuple[list[CarriedFile], list]:
+    """Rewrite the series' patches that add such a file with the newer line's text of it."""
+    files = carried_files(root)
+    if all(f.same for f in files):
+        return files, []
+    return files, author(root, upstream, quiet).carry(files)
 
 
 def header(name: str | None, subject: str | None, author: str | None, origin: str | None = None,

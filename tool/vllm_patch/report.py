@@ -399,3 +399,12 @@ def write_report(path: Path, text: str) -> None:
     except OSError:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def print_carried(files, console) -> None:
+    """`carry`: each file a patch adds whole as a newer line's patch does, and whether its text is that line's."""
+    if not files:
+        console.print("no file of this line is added whole by a newer line's patch of the same name", markup=False)
+    for f in files:
+        state = "same" if f.same else "differs"
+        console.print(f"{f.patch}: {f.path}: {state} as {f.source}", markup=False)

@@ -8,12 +8,13 @@ journaled step (a refresh that finds no edit writes nothing).
 from __future__ import annotations
 
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date
 from email.utils import formatdate
 from pathlib import Path
 
 from ..engine.analysis import Analysis, Contents, HunkState, analyze, touched
+from ..engine.carried import CarriedFile
 from ..engine.patchfile import (
     Patch,
     check_no_nul,
@@ -115,6 +116,26 @@ class Author:
             return Authored(name, False, text, ["the patch is unchanged"])
         self._save({f"{PATCH_DIR}/{name}": text.encode("utf-8")})
         return Authored(name, True, text, self._later_notes(index, name, text))
+
+    def carry(self, files: list[CarriedFile]) -> list[Authored]:
+        """Rewrite each patch that adds a file another line adds whole with that line's text of it (the patch's
+        other changes and its header kept): ``engine.carried`` finds them."""
+        done = []
+        for name in dict.fromkeys(f.patch for f in files if not f.same):
+            index = self.series.names.index(name)
+            patch = self.series.patches[index]
+            before = self._before(index, list(patch.paths))
+            own = {p: before.get(p) for p in patch.paths}
+            after = {**own, **analyze([patch], own).patched, **{f.path: f.text for f in files if f.patch == name}}
+            text = self._text(own, after, Header.of(patch), False,
+                              {f.path: f.mode for f in patch.files})
+            self._save({f"{PATCH_DIR}/{name}": text.encode("utf-8")})
+            self.series = replace(self.series, patches=tuple(
+                parse_patch(name, text.encode("utf-8")) if i == index else p
+                for i, p in enumerate(self.series.patches)))
+            carried = ", ".join(f"{f.path} from {f.source}" for f in files if f.patch == name)
+            done.append(Authored(name, True, text, [f"carried {carried}", *self._later_notes(index, name, text)]))
+        return done
 
     def new(self, name: str | None, tree: Path, paths: list[str], header: Header, unique: bool) -> Authored:
         """A new patch at the end of the series: `paths` as they are in `tree`."""
