@@ -77,14 +77,16 @@ def test_the_current_kernel_is_line_v020s_with_its_measured_and_runtime_variant_
     # probe's single launch.
     assert removed.count("tl.load(KV_ptr + sz") == 4 and removed.count(".to(tl.float16)") == 2
     assert "NUM_SPLITS: tl.constexpr" in removed and "NUM_SPLITS" not in "".join(current)
-    assert removed.count("\n") == 82, removed
+    # 83 (and 258 added below): with the nibble loads in vLLM's style, one line each, the ")" closing v0.20's
+    # integer-to-float dot no longer lines up with a line of the current kernel.
+    assert removed.count("\n") == 83, removed
     # What came: the one-word load (with the byte-wise one as its fallback), the mantissa trick, the tile rule; the
     # unspecialized split arguments, the probe of every variant, the compile without a launch.
     assert "tl.pointer_type(tl.uint32)" in added and added.count("0x6400") == 3 and "- 1024.0" in added
     assert "head_dim == 256" in added and "block_n //= 2" in added
     assert added.count("do_not_specialize") == 3 and "def tq_mq_verify_warm(" in added and "compile_only" in added
     assert '"stride_bt"]' in added
-    assert added.count("\n") == 261, added
+    assert added.count("\n") == 258, added
 
 
 @pytest.fixture
