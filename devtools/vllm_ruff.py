@@ -22,8 +22,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tool"))
 
+from vllm_patch import operations  # noqa: E402
 from vllm_patch.infrastructure.downloads import cache_root, pinned_base_tree  # noqa: E402
 from vllm_patch.lines import line_named, lines_of  # noqa: E402
+from vllm_patch.targets.tree import TreeTarget  # noqa: E402
 
 
 def ruff_version(tree: Path) -> str:
@@ -71,9 +73,8 @@ def check_line(name: str, project: Path = ROOT) -> list[str]:
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "vllm"
         shutil.copytree(base, tree, ignore=shutil.ignore_patterns("__pycache__"))
-        subprocess.run([sys.executable, "-m", "vllm_patch", "--line", name, "apply", "--target", str(tree)],
-                       cwd=project, env={"PYTHONPATH": str(ROOT / "tool"), "PATH": "/usr/bin:/bin"}, check=True,
-                       stdout=subprocess.DEVNULL)
+        if not operations.apply(TreeTarget(tree), series).ok:
+            raise SystemExit(f"line {name} does not apply to vLLM {series.pin.version}: run vllm-patch check")
         patched = failures(exe, tree, paths)
     release = failures(exe, base, paths)
     bad = []

@@ -245,25 +245,24 @@ patch_numbered() {
 # The line's series without patch $2 (its number, e.g. 0005) on a copy of the release, beside the line's trees
 # (made again when the series changes): the baseline of an A/B comparison of that patch.
 tree_without() {
-    local line=$1 num=$2 dir series name out tmp deps
+    local line=$1 num=$2 dir name tree tmp deps
     dir=$(line_dir "$line") || exit 2
-    series=$(series_dir "$line") || exit 2
     name=$(patch_numbered "$line" "$num") || exit 2
-    out=$dir/trees/without-$num
-    if [ ! -f "$out/.complete" ]; then
+    tree=$dir/trees/without-$num
+    if [ ! -f "$tree/.complete" ]; then
         deps=$(tool_deps)
         tmp=$(mktemp -d)
-        mkdir -p "$out"
+        mkdir -p "$tree"
         # The line as a plain series (patches it carries from another line copied in), less the one patch.
         (cd "$ROOT" && PYTHONPATH="$ROOT/tool:$deps" "$PY" -m vllm_patch --line "$(tool_line "$line")" export "$tmp/x") >&2
         mv "$tmp/x/patches" "$tmp/patches"
         grep -v -x -F "$name" "$tmp/x/series" >"$tmp/series"
-        cp -a "$dir/prefix/site/vllm" "$dir/prefix/site"/vllm-*.dist-info "$out/"
-        (cd "$ROOT" && PYTHONPATH="$ROOT/tool:$deps" "$PY" -m vllm_patch --series "$tmp" apply --target "$out") >&2
+        cp -a "$dir/prefix/site/vllm" "$dir/prefix/site"/vllm-*.dist-info "$tree/"
+        (cd "$ROOT" && PYTHONPATH="$ROOT/tool:$deps" "$PY" -m vllm_patch --series "$tmp" apply --target "$tree") >&2
         rm -rf "$tmp"
-        touch "$out/.complete"
+        touch "$tree/.complete"
     fi
-    echo "$out"
+    echo "$tree"
 }
 
 # benchmarks/SCRIPT.py (bench_spec_e2e or bench_users_geometry) on both trees (VP_WITHOUT=NNNN: and on the

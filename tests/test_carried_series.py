@@ -128,17 +128,14 @@ def _body(raw: bytes) -> list[str]:
     return [line for line in diff.splitlines() if not line.startswith(("@@", "index ", "-- ", "2."))]
 
 
-def _age(line) -> tuple:
-    """Newest first: the current line, then the others by their pinned release, newest first."""
-    return (line.name != "current", tuple(-int(x) for x in line.load().pin.version.split(".")))
-
-
 def hand_kept_copies(project: Path) -> list[str]:
     """A line's own patch file whose diff is the same change as a newer line's own patch of the same name after its
     number: the older line should list it ``from`` the newer one."""
+    loaded = [(line.name, line.load()) for line in lines_of(project)]
+    # Newest first: the current line, then the others by their pinned release.
+    loaded.sort(key=lambda item: (item[0] != "current", tuple(-int(x) for x in item[1].pin.version.split("."))))
+    own = [(name, p) for name, series in loaded for p in series.patches if not series.source_of(p.name)]
     found = []
-    lines = sorted(lines_of(project), key=_age)
-    own = [(line.name, p) for line in lines for p in line.load().patches if not line.load().source_of(p.name)]
     for i, (name, patch) in enumerate(own):
         slug = patch.name.split("-", 1)[1]
         source = next(((other, q) for other, q in own[:i] if other != name and q.name.split("-", 1)[1] == slug

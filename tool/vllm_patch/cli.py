@@ -557,8 +557,9 @@ def carry(ctx: click.Context, check_only: bool, upstream: str | None) -> None:
     """Give every file the line adds whole the text a newer line's patch of the same name adds (the multi-query
     kernel, say), rewriting the line's patches that differ; their other changes and headers stay."""
     root = _editable_root(ctx)
-    files = operations.carried_files(root) if check_only else None
-    if files is None:
+    if check_only:
+        files = operations.carried_files(root)
+    else:
         files, written = operations.carry(root, upstream)
         for result in written:
             _authored(result, False)

@@ -149,8 +149,9 @@ def load_series(root: Path) -> Series:
     fields, names, sources = parse_series_entries(text, str(series_path))
     pin = pin_from_fields(fields, str(series_path))
     patches = []
+    others: dict[str, tuple[list[str], dict[str, str]]] = {}  # each line carried from, its series read once
     for name in names:
-        path = _carried_path(root, sources[name], series_path) if name in sources else root / PATCH_DIR / name
+        path = _carried_path(root, sources[name], series_path, others) if name in sources else root / PATCH_DIR / name
         try:
             data = read_regular(path, readfile.PATCH_LIMIT)
         except FileNotFoundError:
@@ -162,17 +163,21 @@ def load_series(root: Path) -> Series:
     return Series(pin, tuple(patches), tuple(sources.items()))
 
 
-def _carried_path(root: Path, source: str, series_path: Path) -> Path:
+def _carried_path(root: Path, source: str, series_path: Path,
+                  others: dict[str, tuple[list[str], dict[str, str]]]) -> Path:
     """The file a ``from`` entry reads: a patch the other line lists as its own (a reference to a reference, or to
-    a patch that line no longer lists, is refused)."""
+    a patch that line no longer lists, is refused). `others` keeps each other line's entries once read."""
     line, name = source.split("/")
     other = line_root(project_of(root), line)
-    try:
-        text = read_regular(other / SERIES_FILE, readfile.SERIES_LIMIT).decode("utf-8")
-    except (FileNotFoundError, UnicodeDecodeError):
-        raise InputError(f"{series_path} carries {source}, but there is no readable line {line!r} "
-                         f"({other / SERIES_FILE})") from None
-    _, names, sources = parse_series_entries(text, str(other / SERIES_FILE))
+    if line not in others:
+        try:
+            text = read_regular(other / SERIES_FILE, readfile.SERIES_LIMIT).decode("utf-8")
+        except (FileNotFoundError, UnicodeDecodeError):
+            raise InputError(f"{series_path} carries {source}, but there is no readable line {line!r} "
+                             f"({other / SERIES_FILE})") from None
+        _, listed, carried = parse_series_entries(text, str(other / SERIES_FILE))
+        others[line] = (listed, carried)
+    names, sources = others[line]
     if name not in names:
         raise InputError(f"{series_path} carries {source}, but line {line} does not list {name}")
     if name in sources:

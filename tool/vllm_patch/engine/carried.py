@@ -11,9 +11,12 @@ kernel). Pure: series in, findings out.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from ..series import Series
 from .patchfile import FileDiff, Patch
+
+if TYPE_CHECKING:  # the type only: the engine reads no series file
+    from ..series import Series
 
 
 @dataclass(frozen=True)
