@@ -24,6 +24,7 @@
 #   gpu/stack.sh bench LINE ARGS...      benchmarks/bench_spec_e2e.py on both trees (ARGS: --group ...;
 #                                        VP_WITHOUT=NNNN: also the line without patch NNNN, tree `without`)
 #   gpu/stack.sh users LINE ARGS...      benchmarks/bench_users_geometry.py on both trees (ARGS: --preset ...)
+#                                        (bench and users: VP_WORK=DIR its own work folder, for runs at once)
 #   gpu/stack.sh env LINE          the environment run uses, as export lines (for `eval`)
 #   gpu/stack.sh clean-parts LINE  delete the staged parts (after setup; the prefix stays)
 #
@@ -281,7 +282,7 @@ bench() {
     mkdir -p "$report"
     cd "$ROOT"
     "$PY" "benchmarks/$script.py" --tree "unpatched=$dir/trees/unpatched" --tree "patched=$dir/trees/patched" \
-        "${without[@]}" --work "$dir/work" "$@" | tee "$report/${script//_/-}-$tag.txt"
+        "${without[@]}" --work "${VP_WORK:-$dir/work}" "$@" | tee "$report/${script//_/-}-$tag.txt"
 }
 
 cmd=${1:-}

@@ -13,3 +13,20 @@ def test_tensor_parallel_splits_every_engine_and_changes_nothing_else():
         assert tree1 == tree2 and "tensor_parallel_size" not in e1.kwargs
         assert e2.kwargs.pop("tensor_parallel_size") == 2
         assert e2.kwargs == e1.kwargs and e2.workloads == e1.workloads
+
+
+def test_line_without_speculation_is_the_line_s_engine_without_its_drafter():
+    rows = {label: (tree, engine) for label, tree, engine in bench.configurations("3bit_nc", [8192])}
+    line_tree, line = rows["line FULL_AND_PIECEWISE"]
+    tree, plain = rows[bench.LINE_NO_SPEC]
+    assert tree == line_tree == "patched"
+    assert "speculative_config" in line.kwargs and "speculative_config" not in plain.kwargs
+    assert {k: v for k, v in line.kwargs.items() if k != "speculative_config"} == plain.kwargs
+
+
+def test_batches_past_eight_get_prompts_and_sequences_for_them():
+    (_, _, engine), *_ = bench.configurations("k8v4", [1024], max_num_seqs=32)
+    assert engine.kwargs["max_num_seqs"] == 32
+    assert len(engine.workloads[0].prompts) == 32
+    (_, _, small), *_ = bench.configurations("k8v4", [1024])
+    assert small.kwargs["max_num_seqs"] == 8 and len(small.workloads[0].prompts) == 8
