@@ -29,7 +29,9 @@ Workloads: 8 prompts of each `--contexts` length (random tokens), 128 output tok
 in rotating order, each run at least `--min-seconds` of whole passes. Printed per configuration, context and
 batch: output tokens/s min / median / max, the ratios of medians to the baseline and to no speculation,
 the acceptance length (tokens a step emits: 1 + accepted drafts per draft round) and first-position
-acceptance over all runs, and the median engine-step time (min / median / max over the runs' medians).
+acceptance over all runs, the median engine-step time (min / median / max over the runs' medians; prefill
+steps included) and the median of the steps in which the whole batch decoded ("-": none did, so the cell
+times prefill and decode mixed; `--output-tokens` longer than the batch's prefill fixes that).
 Figures, no assertions. Needs a CUDA GPU and the trees of gpu/stack.sh, which runs it:
 
     gpu/stack.sh users v0.33 --preset k8v4
@@ -76,12 +78,13 @@ def prompts(context: int, count: int = 8) -> tuple[tuple[int, ...], ...]:
 
 
 def configurations(preset: str, contexts: list[int], tensor_parallel: int = 1, kv_gib: float = 4,
-                   env: tuple[tuple[str, str], ...] = (), max_num_seqs: int = 8) -> list[tuple[str, str, Engine]]:
+                   env: tuple[tuple[str, str], ...] = (), max_num_seqs: int = 8,
+                   output_tokens: int = OUTPUT_TOKENS) -> list[tuple[str, str, Engine]]:
     """(label, tree, engine) of the comparison; every engine split over ``tensor_parallel`` GPUs, each
-    workload ``max_num_seqs`` prompts (at least 8)."""
+    workload ``max_num_seqs`` prompts (at least 8) of ``output_tokens`` tokens each."""
     count = max(8, max_num_seqs)
-    workloads = tuple(Workload(f"ctx{c}", prompts(c, count), max_tokens=OUTPUT_TOKENS) for c in contexts)
-    base = {**COMMON, "load_format": "dummy", "max_model_len": max(contexts) + 2 * OUTPUT_TOKENS,
+    workloads = tuple(Workload(f"ctx{c}", prompts(c, count), max_tokens=output_tokens) for c in contexts)
+    base = {**COMMON, "load_format": "dummy", "max_model_len": max(contexts) + 2 * output_tokens,
             "kv_cache_memory_bytes": int(kv_gib * 2**30), "gpu_memory_utilization": 0.1,
             "max_num_seqs": max_num_seqs,
             # Prompt chunks of at most 2,048 tokens (`vllm serve`'s default on smaller GPUs): with the offline
@@ -164,6 +167,9 @@ def main() -> int:
     parser.add_argument("--layers", type=int, choices=sorted(MODELS), default=8,
                         help="the model's depth: 8 (6 GDN, 2 attention) or 16")
     parser.add_argument("--kv-gib", type=float, default=4.0, help="KV cache of each engine, GiB")
+    parser.add_argument("--output-tokens", type=int, default=OUTPUT_TOKENS,
+                        help="tokens each request generates; at large batches and contexts the last prompts' "
+                             "prefill outlasts the first requests' decode unless it is long enough")
     args = parser.parse_args()
     global MODEL
     MODEL = MODELS[args.layers]
@@ -176,7 +182,7 @@ def main() -> int:
     contexts = list(dict.fromkeys(c for c, _ in cells))
     batches = list(dict.fromkeys(b for _, b in cells))
     every = configurations(args.preset, contexts, args.tensor_parallel, args.kv_gib,
-                           PROFILE_ENV if args.breakdown else (), max(8, *batches))
+                           PROFILE_ENV if args.breakdown else (), max(8, *batches), args.output_tokens)
     chosen = [c.strip() for c in args.configurations.split(",") if c.strip()]
     unknown = set(chosen) - {label for label, _, _ in every}
     if unknown:
@@ -249,10 +255,11 @@ def main() -> int:
     print(f"\nusers' geometry: {MODEL.name} (Qwen3.6-27B widths, {args.layers} layers{split}), MTP K=3, "
           f"TurboQuant {args.preset}, shared memory {f'capped: {CAP_ENV}={cap}' if cap else 'of the GPU'}, "
           f"acceptance calibrated to {args.goal:.2f} at the first position (alpha {alpha:.4g}); "
-          f"{max(8, *batches)} prompts of each context, {OUTPUT_TOKENS} tokens each; {args.rounds} interleaved "
+          f"{max(8, *batches)} prompts of each context, {args.output_tokens} tokens each; {args.rounds} interleaved "
           f"runs of >= {args.min_seconds:.0f} s after a warm-up; output tokens/s")
     print(f"{'configuration':26} {'context':>7} {'batch':>5} {'min':>8} {'median':>8} {'max':>8} "
-          f"{'vs ' + BASELINE:>20} {'vs no spec':>10} {'accept len':>10} {'pos-1':>6} {'step ms min/med/max':>22}")
+          f"{'vs ' + BASELINE:>20} {'vs no spec':>10} {'accept len':>10} {'pos-1':>6} {'step ms min/med/max':>22} "
+          f"{'decode ms':>9}")
     for context, batch in cells:
         for label in labels:
             key = (label, context, batch)
@@ -263,12 +270,13 @@ def main() -> int:
                 continue
             spec = counters.get(key, {})
             length, first = acceptance_length(spec), first_position_rate(spec)
-            step = steps.get(key)
+            step, decoding = steps.get(key), decode_steps.get(key)
             print(f"{label:26} {context:>7} {batch:>5} {spread(values)} "
                   f"{_figure(values, tokens.get((BASELINE, context, batch))):>20} "
                   f"{_figure(values, tokens.get((no_spec, context, batch))):>10} "
                   f"{f'{length:.2f}' if length else '-':>10} {f'{first:.2f}' if first else '-':>6} "
-                  f"{(f'{min(step):.2f}/{statistics.median(step):.2f}/{max(step):.2f}' if step else '-'):>22}")
+                  f"{(f'{min(step):.2f}/{statistics.median(step):.2f}/{max(step):.2f}' if step else '-'):>22} "
+                  f"{(f'{statistics.median(decoding):.2f}' if decoding else '-'):>9}")
     print(f"(vs no spec: against {no_spec!r})")
     if args.breakdown:
         print_breakdown(profiles, decode_steps, cells, labels)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .runner import _env, _job, engine_digest
+from .runner import _env, _job, engine_digest, reap
 from .scenarios import Engine
 
 
@@ -79,7 +79,7 @@ class Fleet:
             job.write_text(json.dumps(_job(engine, model_dirs[engine.model.name])))
             log = open(out / "serve.log", "wb")  # noqa: SIM115 - lives as long as the process
             proc = subprocess.Popen([sys.executable, "-m", "harness.serve", str(job)], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=log, text=True,
+                                    stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True,
                                     env=_env(tree, extra_path, work / "cache", engine.env))
             self.members[label] = Member(label, engine, proc)
         for m in self.members.values():
@@ -117,3 +117,5 @@ class Fleet:
                     m.proc.wait(timeout=60)
                 except (OSError, subprocess.TimeoutExpired):
                     m.proc.kill()
+            if m.proc:
+                reap(m.proc.pid)  # its tensor-parallel workers, if it left them

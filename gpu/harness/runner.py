@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -100,6 +101,17 @@ def child_env(engine: Engine, tree: Path, extra_path: list[Path], cache: Path, f
     return _env(tree, extra_path, cache, engine.env + (FORCED_ENV if forced else ()))
 
 
+def reap(group: int) -> None:
+    """Kill whatever is left of process group ``group`` (an engine's process started with
+    ``start_new_session``). An engine split over GPUs runs its workers in processes of its own; when the
+    engine's process ends without shutting them down (``os._exit``, a crash, a timeout) they live on and keep
+    their GPU memory, and the next engine on those GPUs runs out of it."""
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def run_engine(engine: Engine, tree: Path, model_dir: Path, out: Path, extra_path: list[Path],
                cache: Path, timeout: float, digest: str | None = None,
                force: dict[str, list[list[int]]] | None = None) -> dict[str, Any]:
@@ -112,13 +124,15 @@ def run_engine(engine: Engine, tree: Path, model_dir: Path, out: Path, extra_pat
     env = child_env(engine, tree, extra_path, cache, forced=force is not None)
     started = time.perf_counter()
     with open(log_file, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "harness.child", str(job_file), str(result_file)],
+                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            proc = subprocess.run([sys.executable, "-m", "harness.child", str(job_file), str(result_file)],
-                                  env=env, stdout=log, stderr=subprocess.STDOUT,
-                                  timeout=timeout, check=False)
-            code: int | None = proc.returncode
+            code: int | None = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             code = None
+        finally:
+            reap(proc.pid)
+            proc.wait()
     wall = round(time.perf_counter() - started, 1)
     if result_file.exists():
         result = json.loads(result_file.read_text())

@@ -652,3 +652,37 @@ def test_long_context_memory_scenarios_are_the_users_and_run_only_by_name():
     burst = sc.BY_NAME["l24-3bit_nc-s64"].test
     assert burst.kwargs["max_num_seqs"] == 64 and len(burst.workloads[0].prompts) == 64
     assert len(set(burst.workloads[0].prompts)) == 64
+
+
+def _alive(pid: int) -> bool:
+    from pathlib import Path
+
+    try:
+        state = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in state
+
+
+def test_reap_ends_the_workers_an_engine_process_left_behind():
+    """An engine's process that ends with os._exit leaves its worker processes running (they held GPU
+    memory); reap() on its session ends them."""
+    import time
+
+    from harness.runner import reap
+
+    engine = ("import os, subprocess, sys\n"
+              "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+              "print(w.pid, flush=True)\n"
+              "os._exit(0)\n")
+    proc = subprocess.Popen([sys.executable, "-c", engine], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    worker = int(proc.stdout.readline())
+    proc.wait()
+    assert _alive(worker)  # what happened to the H100s' memory
+    reap(proc.pid)
+    deadline = time.monotonic() + 10
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(worker)
+    reap(proc.pid)  # again, with nothing left to kill: no error
