@@ -228,3 +228,39 @@ def test_a_verdict_is_kept_for_the_same_tree_and_tests_and_given_again_when_eith
     monkeypatch.setenv("VLLM_PATCH_NO_VERDICT_CACHE", "1")
     assert not project_test_runner(root, lambda: base, VerdictCache(tmp_path / "verdicts"))(
         "tests/test_p.py::test_ok")[0] and len(runs) == 4
+
+
+def test_the_verdicts_cover_every_harness_module_a_line_test_imports():
+    """A line's test that imports a module of gpu/harness the verdict key leaves out would keep stale verdicts
+    when that module changes."""
+    import re
+
+    from vllm_patch.infrastructure.verdict_cache import IMPORTED, _unrelated
+
+    tests = Path(__file__).resolve().parent
+    imported = set()
+    for path in tests.rglob("*.py"):
+        if _unrelated(path.relative_to(tests)):
+            continue
+        for module in re.findall(r"^\s*(?:from|import) harness(?:\.(\w+))?", path.read_text(), re.M):
+            imported.add(f"gpu/harness/{module or '__init__'}.py")
+    assert imported, "no line test imports the harness: the search itself is broken"
+    assert imported <= set(IMPORTED)
+
+
+def test_a_change_to_the_imported_harness_module_changes_the_key(tmp_path):
+    project = tmp_path / "p"
+    (project / "tests").mkdir(parents=True)
+    (project / "gpu" / "harness").mkdir(parents=True)
+    models = project / "gpu" / "harness" / "models.py"
+    models.write_text("A = 1\n")
+    (project / "gpu" / "harness" / "serve.py").write_text("B = 1\n")
+    code_digest.cache_clear()
+    before = code_digest(project)
+    (project / "gpu" / "harness" / "serve.py").write_text("B = 2\n")  # GPU tooling: same verdicts
+    code_digest.cache_clear()
+    assert code_digest(project) == before
+    models.write_text("A = 2\n")
+    code_digest.cache_clear()
+    assert code_digest(project) != before
+    code_digest.cache_clear()
