@@ -7,7 +7,7 @@ here from the wheels (slimmed) so the host needs neither pip nor xz: torch and t
 line's torch pins that the host's (torch 2.11's pins) cannot stand in for, the line's pinned vLLM wheel (slimmed as
 gpu/bundle.py does, and more), and the pure-Python packages the line needs newer than the host's. One tar, cut
 at the components' borders into separately xz-compressed streams (so the manifest gives each component's compressed
-size), split into parts of at most 60 MiB in out/p01, out/p02, ...; every part folder holds the manifest (sha256 of
+size), split into parts of at most 56 MiB in out/p01, out/p02, ...; every part folder holds the manifest (sha256 of
 the archive and of each part). `gpu/stack.sh` stages, checks and unpacks it there into a prefix of its own,
 never touching the host's torch.
 
