@@ -79,7 +79,7 @@ def prompts(context: int, count: int = 8) -> tuple[tuple[int, ...], ...]:
 
 def configurations(preset: str, contexts: list[int], tensor_parallel: int = 1, kv_gib: float = 4,
                    env: tuple[tuple[str, str], ...] = (), max_num_seqs: int = 8,
-                   output_tokens: int = OUTPUT_TOKENS) -> list[tuple[str, str, Engine]]:
+                   output_tokens: int = OUTPUT_TOKENS, model=MODEL) -> list[tuple[str, str, Engine]]:
     """(label, tree, engine) of the comparison; every engine split over ``tensor_parallel`` GPUs, each
     workload ``max_num_seqs`` prompts (at least 8) of ``output_tokens`` tokens each."""
     count = max(8, max_num_seqs)
@@ -95,7 +95,7 @@ def configurations(preset: str, contexts: list[int], tensor_parallel: int = 1, k
 
     def engine(spec: bool = True, **extra) -> Engine:
         kwargs = {**base, **({"speculative_config": mtp(3)} if spec else {}), **extra}
-        return Engine(model=MODEL, kwargs=kwargs, workloads=workloads, env=env)
+        return Engine(model=model, kwargs=kwargs, workloads=workloads, env=env)
 
     return [
         ("line FULL_AND_PIECEWISE", "patched", engine()),
@@ -171,8 +171,7 @@ def main() -> int:
                         help="tokens each request generates; at large batches and contexts the last prompts' "
                              "prefill outlasts the first requests' decode unless it is long enough")
     args = parser.parse_args()
-    global MODEL
-    MODEL = MODELS[args.layers]
+    model = MODELS[args.layers]
     trees = {label: Path(path) for label, _, path in (t.partition("=") for t in args.tree)}
     if args.cells:
         cells = [(int(c), int(b)) for part in args.cells.split(";") for c, _, bs in [part.partition(":")]
@@ -182,7 +181,7 @@ def main() -> int:
     contexts = list(dict.fromkeys(c for c, _ in cells))
     batches = list(dict.fromkeys(b for _, b in cells))
     every = configurations(args.preset, contexts, args.tensor_parallel, args.kv_gib,
-                           PROFILE_ENV if args.breakdown else (), max(8, *batches), args.output_tokens)
+                           PROFILE_ENV if args.breakdown else (), max(8, *batches), args.output_tokens, model)
     chosen = [c.strip() for c in args.configurations.split(",") if c.strip()]
     unknown = set(chosen) - {label for label, _, _ in every}
     if unknown:
@@ -194,7 +193,7 @@ def main() -> int:
         raise SystemExit(f"--tree needed for: {', '.join(sorted(missing))}")
     started = time.perf_counter()
     fleet = Fleet([(label, engine, trees[tree]) for label, tree, engine in rows],
-                  {MODEL.name: build(MODEL, args.work / "models")}, args.work, [Path(p) for p in args.path])
+                  {model.name: build(model, args.work / "models")}, args.work, [Path(p) for p in args.path])
     labels = [label for label, _, _ in rows]
     print(f"[bench] {len(rows)} engines booted in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     tokens: dict[tuple[str, int, int], list[float]] = {}
@@ -252,7 +251,7 @@ def main() -> int:
         fleet.close()
     split = f", tensor parallel over {args.tensor_parallel} GPUs" if args.tensor_parallel > 1 else ""
     cap = os.environ.get(CAP_ENV)
-    print(f"\nusers' geometry: {MODEL.name} (Qwen3.6-27B widths, {args.layers} layers{split}), MTP K=3, "
+    print(f"\nusers' geometry: {model.name} (Qwen3.6-27B widths, {args.layers} layers{split}), MTP K=3, "
           f"TurboQuant {args.preset}, shared memory {f'capped: {CAP_ENV}={cap}' if cap else 'of the GPU'}, "
           f"acceptance calibrated to {args.goal:.2f} at the first position (alpha {alpha:.4g}); "
           f"{max(8, *batches)} prompts of each context, {args.output_tokens} tokens each; {args.rounds} interleaved "

@@ -41,7 +41,7 @@ KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
              "recompute_w_u", "kkt", "sigmoid_gating", "mamba", "selective_state")),
     ("moe", ("moe", "topk", "expert", "align_block")),
     ("gemm", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "s16816", "wgmma", "sm90_", "sm80_", "ampere_",
-              "splitk", "matmul", "cutlass")),
+              "splitk", "matmul")),
 )
 LAUNCH_CATEGORIES = {"cuda_runtime", "cuda_driver"}
 GPU_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset"}
@@ -128,7 +128,8 @@ def breakdown(trace: dict[str, Any], top: int = 12) -> dict[str, Any]:
     steps = sorted({s["name"] for s in steps_of.values()}, key=lambda n: int(n[len(STEP_PREFIX):]))
     if not steps:
         return {"steps": 0, "error": "no kernel launched inside a profiled step"}
-    walls = [float(e["dur"]) / 1000 for e in annotations if e["name"] in set(steps)]
+    profiled = set(steps)
+    walls = [float(e["dur"]) / 1000 for e in annotations if e["name"] in profiled]
     per_stage: dict[str, float] = defaultdict(float)
     per_kernel: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0])
     busy: dict[str, list[tuple[float, float]]] = defaultdict(list)

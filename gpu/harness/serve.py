@@ -29,6 +29,7 @@ Anything that goes wrong is printed as `{"error": ...}`; the controller reports 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -81,8 +82,6 @@ class Steps:
         step = engine.step
 
         def timed(*args, **kwargs):
-            import contextlib
-
             full = self._decodes_whole_batch()
             if self.profiler is not None and not full:
                 self.stop()
@@ -113,6 +112,11 @@ class Steps:
         self.durations.clear()
         self.decoding.clear()
         self.batch = batch
+
+    def profile_next(self, count: int) -> None:
+        """Profile the next ``count`` whole-batch decode steps (``finished`` holds the profile once stopped)."""
+        self.finished = None
+        self.wanted = count
 
     def _decodes_whole_batch(self) -> bool:
         s = self._scheduler
@@ -155,8 +159,7 @@ def _profile(llm, steps: Steps, sampling_params, workload: dict[str, Any], batch
     params = sampling_params(temperature=0.0, max_tokens=workload["max_tokens"], min_tokens=workload["max_tokens"],
                              detokenize=False, ignore_eos=True)
     steps.clear(batch)
-    steps.finished = None
-    steps.wanted = count
+    steps.profile_next(count)
     llm.generate(prompts, params, use_tqdm=False)
     steps.stop()
     if steps.finished is None:
