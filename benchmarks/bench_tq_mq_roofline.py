@@ -48,8 +48,9 @@ sys.path.insert(0, str(HERE))
 from bench_tq_mq_verify import HEADS, VERIFY, Preset, Timer, copy_bandwidth, load_module, random_cache, spread  # noqa: E402,I001
 
 
-# The presets the dequantization reference covers: FP8 or 4-bit MSE keys, 4-bit values.
-PRESETS = ("k8v4", "4bit_nc")
+PRESETS = ("k8v4", "4bit_nc", "k3v4_nc", "3bit_nc")
+# The presets the dequantization reference covers: FP8 or 4-bit MSE keys, 4-bit values (3-bit fields: '-').
+DEQUANT_PRESETS = ("k8v4", "4bit_nc")
 LAUNCH_SETTINGS = ("block_n", "num_warps", "num_stages", "num_kv_splits")
 
 
@@ -214,7 +215,7 @@ def case(mq, candidates: dict, timer: Timer, p: Preset, args, ctx: int, b: int, 
     t_kernel = timer(graphed(lambda: kernel(table)))
     t_l2 = timer(graphed(lambda: kernel(hot)))
     t_stream = timer(graphed(stream))
-    t_deq = timer(graphed(dequant))
+    t_deq = timer(graphed(dequant)) if p.name in DEQUANT_PRESETS else None
     reference = kernel(table).float().clone()
     cand_text = ""
     for mod, launch in candidates.values():
@@ -229,8 +230,9 @@ def case(mq, candidates: dict, timer: Timer, p: Preset, args, ctx: int, b: int, 
     tile_text = tiles_text(tiles, {})
     return (f"{p.name:8} {d:>3} {ctx:>6} {b:>3} {k1:>2} {f'{hq}/{hk}':>5} {tile_text:>13} {splits:>3} "
             f"{cache_bytes / 1e6:>7.1f} {spread(t_kernel):>22} {100 * gbs / copy_gbs:>4.0f}% "
-            f"{spread(t_l2):>22} {spread(t_stream):>22} {100 * sgbs / copy_gbs:>4.0f}% {spread(t_deq):>22} "
-            f"{t_kernel[1] / t_l2[1]:>5.2f} {t_kernel[1] / t_stream[1]:>5.2f} {t_deq[1] / t_stream[1]:>7.2f}"
+            f"{spread(t_l2):>22} {spread(t_stream):>22} {100 * sgbs / copy_gbs:>4.0f}% "
+            f"{spread(t_deq) if t_deq else '-':>22} {t_kernel[1] / t_l2[1]:>5.2f} {t_kernel[1] / t_stream[1]:>5.2f} "
+            f"{f'{t_deq[1] / t_stream[1]:.2f}' if t_deq else '-':>7}"
             + cand_text)
 
 

@@ -99,6 +99,9 @@ PRECISION = {
         # (the 16 or 8 centroids rounded once to float16; norm correction on the score column): two float16 passes,
         # 22 bits of the query, the key exact.
         Precision("fp16x2", 2, "fp16", 4, 2, {}, 2 * 2.0**-22, triton=False),
+        # The kernel's own split on CUDA: the query and the gathered centroids into float16 hi and lo parts, three
+        # float16 passes (hi x hi, hi x lo, lo x hi).
+        Precision("fp16x3", 3, "fp16", 4, 4, {"cvt": 2, "fp32": 1}, 3 * 2.0**-22, triton=False),
     )
 }
 PRECISIONS = ("tf32x3", "bf16x6", "bf16x3", "ieee", "tf32", "bf16")  # tl.dot's, the table's columns

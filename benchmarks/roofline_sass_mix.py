@@ -206,8 +206,11 @@ def compile_case(mod, fm, target_name: str, preset_name: str, precision: str | N
     tiles = mod.tq_mq_verify_candidates(k1, g, d, preset.mse_bits, preset.key_fp8, limits)[0]
     if precision and not preset.key_fp8:
         t = rp.plan_tiles(rp.CARD[TARGET_CARDS[target_name]], rp.PRESET[preset_name], rp.Shape(), precision)
-        # SCORE_IEEE=0 takes the rewritten precision; ieee keeps the kernel's own branch.
-        tiles = mod.TQMQTiles(t.block_m, t.m_tiles, t.block_n, "ieee" if precision == "ieee" else "tf32x3")
+        if "SCORE_PRECISION" in mod._tq_mq_verify_fwd.arg_names:  # the precision is the kernel's argument
+            kernel_precision = precision
+        else:  # SCORE_IEEE=0 takes the rewritten precision; ieee keeps the kernel's own branch
+            kernel_precision = "ieee" if precision == "ieee" else "tf32x3"
+        tiles = mod.TQMQTiles(t.block_m, t.m_tiles, t.block_n, kernel_precision)
     args = fm.probe_args(mod, tiles, fm.Config(target.name, preset_name, "bf16", 16, k1, GEOMETRY))
     slot = preset.key_packed_size(d) + math.ceil(d * preset.value_bits / 8) + 4
     slot += slot % 2
@@ -259,8 +262,8 @@ def compile_case(mod, fm, target_name: str, preset_name: str, precision: str | N
 def worker(kernel_path: Path, targets: list[str], presets: list[str], precision: str | None) -> list[dict]:
     import fitmatrix as fm
 
-    if precision:  # the score dot rewritten: a copy of the file, loaded under its own name
-        text = kernel_path.read_text()
+    text = kernel_path.read_text()
+    if precision and "SCORE_PRECISION" not in text:  # the score dot rewritten: a copy, loaded under its own name
         if 'input_precision="tf32x3"' not in text:
             raise SystemExit(f"{kernel_path} has no tf32x3 score dot to rewrite")
         tmp = Path(tempfile.mkdtemp()) / kernel_path.name

@@ -2,12 +2,14 @@
 
 The kernel tests and benchmarks load vLLM's Triton files from a source tree (``tests/support/vllm_tree.py``), so
 a host with CUDA torch and Triton needs just two trees, a release line's pinned release's ``vllm/*.py`` (line
-v0.20, whose kernels tests/lines/v0_20 tests) and a copy with the line's series applied, plus the
+v0.20 by default, whose kernels tests/lines/v0_20 tests; ``--line current`` for the current line's kernel files,
+which run on the host's Triton as line v0.25 runs them) and a copy with the line's series applied, plus the
 few wheels vllm-patch imports there and pytest-xdist (a full kernel matrix compiles hundreds of Triton variants:
 in parallel, minutes instead of tens of minutes). About 6 MiB of trees and 1 MiB of
 wheels; ``gpu/host.sh kernel-pack DIR CMD...`` unpacks it and runs CMD with the trees named.
 
     python gpu/kernel_pack.py --out .gpu/kt
+    python gpu/kernel_pack.py --line current --out .gpu/kt33
 """
 
 from __future__ import annotations
@@ -43,8 +45,9 @@ def sources(src: Path, dest: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=PROJECT / ".gpu" / "kt")
+    parser.add_argument("--line", default=LINE, help=f"the line whose release and series are packed ({LINE})")
     args = parser.parse_args()
-    series = line_named(PROJECT, LINE).load()
+    series = line_named(PROJECT, args.line).load()
     base = pinned_base_tree(series.pin, quiet=True)
     if args.out.exists():
         shutil.rmtree(args.out)
@@ -54,7 +57,7 @@ def main() -> int:
         sources(base, work / "pristine")
         shutil.copytree(base / "vllm", work / "full" / "vllm")
         if not apply(TreeTarget(work / "full"), series).ok:
-            raise SystemExit(f"kernel_pack: line {LINE}'s series does not apply to its pinned release")
+            raise SystemExit(f"kernel_pack: line {args.line}'s series does not apply to its pinned release")
         sources(work / "full", work / "patched")
         with tarfile.open(args.out / "trees.tar.xz", "w:xz") as tar:
             tar.add(work / "pristine", "pristine")

@@ -516,7 +516,8 @@ def probe_args(mod, tiles, cfg: Config, split: bool = False, norm_correction: bo
         VQB=preset.value_bits, VAL_DATA_BYTES=math.ceil(d * preset.value_bits / 8),
         KEY_FP8=1 if preset.key_fp8 else 0, NORM_CORRECTION=1 if norm_correction else 0, FP8_E4B15=_fp8_e4b15(target),
         HAS_LSE=False, SLOT_ALIGN=math.gcd(cfg.block_size * slot, slot, 16),
-        SCORE_IEEE=1 if tiles.precision == "ieee" else 0,
+        # The score precision: a constexpr string in the current kernel, an ieee flag in earlier ones.
+        SCORE_PRECISION=tiles.precision, SCORE_IEEE=1 if tiles.precision == "ieee" else 0,
     )
 
 

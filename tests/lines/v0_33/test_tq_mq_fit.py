@@ -1,10 +1,10 @@
 """The multi-query kernel fits the GPU it runs on, or its route steps aside (the line's patch 0003), on CPU.
 
 1. The planner (``tq_mq_verify_candidates``): tilings best first, each within the device's shared memory by the
-   lower bound of what the score dot stages (hi/lo float32 operands for tf32x3). On the H100 (232448 B) the
-   MSE presets keep the widest tiles; on the 99 KiB consumer parts (RTX 3090/4090/5090, A5000/A6000: 101376 B)
-   the widest tile of Qwen3.6-27B with MTP K=3 (24/4 heads, D 256: 32 rows x 64 tokens) stages 128 KiB and is
-   left out. ROCm and sm_75 score in float32 (``ieee``): ROCm has no tf32x3, sm_75 no TF32.
+   lower bound of what the score dot stages (hi/lo float16 operands for fp16x3). On the H100 (232448 B) and on
+   the 99 KiB consumer parts (RTX 3090/4090/5090, A5000/A6000: 101376 B) the MSE presets of Qwen3.6-27B with MTP
+   K=3 (24/4 heads, D 256) take the same widest tiles, 32 rows x 32 tokens (48-64 KiB staged); in tf32x3 the
+   3-bit ones staged 128 KiB there and took two 16-row tiles. ROCm and sm_75 score in float32 (``ieee``).
 2. ``tq_mq_verify_select`` takes the first tiling the device accepts and launches use it from then on.
 3. The kernel at the consumer tiles and in float32 scores matches the float64 reference (interpreted here; on a
    GPU under the emulated limit in tests/gpu).
@@ -69,22 +69,22 @@ def _limits(mq, device):
 
 @pytest.mark.parametrize("mse_bits", sorted(set(MSE.values())))
 def test_consumer_parts_get_tiles_whose_operands_fit(mq, mse_bits):
-    """Qwen3.6-27B, MTP K=3: the H100 keeps 32 rows x 32 tokens (3-bit keys: 128 KiB staged; 4-bit keys, whose
-    64-token step spills, 96 KiB); a 99 KiB part gets no tiling over its limit: 4-bit keys keep one pass over the
-    cache (all 24 rows in one 32-row tile, the H100's own tiles), 3-bit keys, whose widest step is already 32
-    tokens, take two 16-row tiles (32 x 16 tiles come last: slower on the H100)."""
+    """Qwen3.6-27B, MTP K=3: the H100 keeps 32 rows x 32 tokens (3-bit keys: 64 KiB staged in fp16x3; 4-bit keys,
+    whose 64-token step spills, 48 KiB); a 99 KiB part gets no tiling over its limit and the same first tiles:
+    one pass over the cache (all 24 rows in one 32-row tile) for 3- and 4-bit keys; in tf32x3 (128 KiB) 3-bit
+    keys would take two 16-row tiles there (32 x 16 tiles come last: slower on the H100)."""
     k1, group, d = 4, 6, 256
     h100 = mq.tq_mq_verify_candidates(k1, group, d, mse_bits, False, _limits(mq, H100))
     consumer = mq.tq_mq_verify_candidates(k1, group, d, mse_bits, False, _limits(mq, RTX_3090))
     widest = h100[0]
     assert (widest.block_m, widest.m_tiles, widest.block_n) == (32, 1, 32)
+    assert widest.precision == "fp16x3"
     assert mq.tq_mq_staged_bytes(widest.block_m, widest.block_n, d, mse_bits, False) == (
-        98304 if mse_bits == 4 else 131072)
-    assert (widest == consumer[0]) == (mse_bits == 4)
+        49152 if mse_bits == 4 else 65536)
+    assert widest == consumer[0]
+    assert mq.tq_mq_staged_bytes(32, 32, d, mse_bits, False, "tf32x3") == (98304 if mse_bits == 4 else 131072)
     for tiles in consumer:
         assert mq.tq_mq_staged_bytes(tiles.block_m, tiles.block_n, d, mse_bits, False) <= RTX_3090[0]
-    first = consumer[0]
-    assert (first.block_m, first.m_tiles, first.block_n) == ((32, 1, 32) if mse_bits == 4 else (16, 2, 32))
     # 16-token steps only after every wider one.
     steps = [t.block_n for t in consumer]
     assert steps == sorted(steps, key=lambda n: n < 32)
@@ -115,7 +115,7 @@ COMPILED_TILES = {(16, 128, 4): ("Llama-3.1-8B", 4), (32, 128, 4): ("Qwen3-30B-A
 
 
 def test_staged_bytes_match_the_compiled_kernels(mq, v033_tree, tmp_path):
-    """The lower bound equals metadata.shared of the MSE kernels compiled ahead of time for sm_90 (tf32x3 scores,
+    """The lower bound equals metadata.shared of the MSE kernels compiled ahead of time for sm_90 (fp16x3 scores,
     BLOCK_N the widest: 128 tokens at D 128, 64 at D 256, half that for 3-bit keys), as the probe launches them:
     tq_mq_aot.py compiles them with Triton in an interpreter of its own (this one interprets), nothing cached."""
     cases, staged = [], {}
@@ -136,8 +136,8 @@ def test_staged_bytes_match_the_compiled_kernels(mq, v033_tree, tmp_path):
 
 
 def test_precision_follows_the_platform(mq):
-    assert mq.tq_mq_score_precision(_limits(mq, H100)) == "tf32x3"
-    assert mq.tq_mq_score_precision(_limits(mq, RTX_3090)) == "tf32x3"
+    assert mq.tq_mq_score_precision(_limits(mq, H100)) == "fp16x3"
+    assert mq.tq_mq_score_precision(_limits(mq, RTX_3090)) == "fp16x3"
     assert mq.tq_mq_score_precision(_limits(mq, T4)) == "ieee"
     assert mq.tq_mq_score_precision(_limits(mq, MI300X)) == "ieee"
     for tiles in mq.tq_mq_verify_candidates(4, 6, 256, 4, False, _limits(mq, MI300X)):

@@ -155,6 +155,33 @@ def test_kernel_on_v033_layout_3bit_head_dims_and_m_tiles(mq_ops, preset, d, hk,
     _check(out, want, tq_verify_rows(lens, k1)[0], lse=lse, want_lse=want_lse)
 
 
+def _pointed_queries(cache, lens, k1, group, d, top_score):
+    """Queries near a key each request holds, scaled so that each row's largest scaled score is top_score (real
+    models' scores reach tens), in float16 as the layer gets them."""
+    q = torch.randn(len(lens) * k1, cache.keys[0].shape[1] * group, d, generator=torch.Generator().manual_seed(3))
+    for i in range(q.shape[0]):
+        keys = cache.keys[i // k1][: lens[i // k1]].double().cpu().repeat_interleave(group, dim=1)
+        q[i] = 0.3 * q[i] + keys[5] / keys[5].norm(dim=-1, keepdim=True)
+        top = torch.einsum("hd,nhd->hn", q[i].double(), keys).amax(-1) / math.sqrt(d)
+        q[i] *= (top_score / top)[:, None]
+    return q.half().to(DEVICE)
+
+
+@pytest.mark.parametrize("preset", ["4bit_nc", "3bit_nc", "k3v4_nc"])
+def test_mse_scores_keep_float32_precision_at_scores_of_tens(mq_ops, preset):
+    """MSE scores as float32 dots at real models' magnitudes (scaled scores of 30): the log-sum-exp within the
+    budget of float32 scores (LSE_TOL). One float16 pass of the score dot misses it by 3x-4x (6e-3 to 9e-3);
+    fp16x3 is at about 2e-5."""
+    d, hk, group, k1, bs = 256, 2, 6, 4, 16
+    lens = [40, 70]
+    cache = build_tq_cache(preset, lens, hk, d, bs, DEVICE, seed=7)
+    query = _pointed_queries(cache, lens, k1, group, d, 30.0)
+    out, lse = _mq(mq_ops, query, cache, _v033_cache(cache), k1)
+    want, want_lse = tq_verify_ref(query, cache.keys, cache.values, lens, k1, 1 / math.sqrt(d))
+    assert float(want_lse.max()) > 29.9, "the scores are no longer of the size this test is about"
+    _check(out, want, tq_verify_rows(lens, k1)[0], lse=lse, want_lse=want_lse)
+
+
 def test_kernel_graph_shapes_one_split_and_capture_lengths(mq_ops):
     """The launcher's own split choice (one pass on CPU), capture metadata (seq_lens filled with 1 by
     build_for_cudagraph_capture) and padding requests: rows that see nothing are 0, the rest as the reference."""
