@@ -138,6 +138,15 @@ def print_breakdown(profiles: dict, decode_steps: dict, cells: list[tuple[int, i
             print(f"{label:26} {context:>7} {batch:>5} {shown} "
                   f"{gpu:7.2f} {host} " + " ".join(f"{v:7.2f}" for v in stage_columns(summary))
                   + f" {summary['launches']:8.0f}")
+    print("\nhost side of the profiled steps (harness.breakdown.host): CPU ms a step in the runner's scopes, the "
+          "profiler's overhead included (a ranking, not a figure)")
+    for context, batch in cells:
+        for label in labels:
+            scopes = (profiles.get((label, context, batch)) or {}).get("host", {}).get("scopes", {})
+            if scopes:
+                shown = ", ".join(f"{name.removeprefix('gpu_model_runner: ')} {ms:.2f}"
+                                  for name, ms in list(scopes.items())[:4])
+                print(f"{label:26} {context:>7} {batch:>5}  {shown}")
 
 
 def _figure(values: list[float], baseline: list[float] | None) -> str:

@@ -242,7 +242,8 @@ def compile_case(mod, fm, target_name: str, preset_name: str, precision: str | N
             sass = subprocess.run([str(nvdisasm), "-c", f.name], capture_output=True, text=True, check=True).stdout
         mix, smem = loop_mix_nvidia(sass)
         warp = 32
-    label = precision if precision and not preset.key_fp8 else tiles.precision
+    # FP8 keys score with a float16 dot whatever the MSE precision.
+    label = "fp16" if preset.key_fp8 else precision or tiles.precision
     return dict(
         target=target_name,
         preset=preset_name,

@@ -11,7 +11,9 @@ the rest apart.
 
 Kernel times come from the GPU's own timestamps, which the profiler does not slow down; the profiled steps'
 wall time is inflated by the profiler's host overhead, so the host's share of a step is better read as an
-unprofiled step's time minus the GPU time per step given here (bench_users_geometry does).
+unprofiled step's time minus the GPU time per step given here (bench_users_geometry does). Where that share is
+large, ``host`` says where the CPU goes: the time each runner scope takes per step on the CPU and, within each,
+the outermost operators by time (profiled, so inflated alike: a ranking, not a figure).
 """
 
 from __future__ import annotations
@@ -160,4 +162,72 @@ def breakdown(trace: dict[str, Any], top: int = 12) -> dict[str, Any]:
         "stages": {s: round(v / n, 3) for s, v in sorted(per_stage.items(), key=lambda kv: -kv[1])},
         "kernels": [{"name": name[:120], "stage": stage, "ms": round(ms / n, 4), "per_step": round(c / n, 2)}
                     for (name, stage), (ms, c) in ranked],
+        "host": host(events, profiled),
     }
+
+
+def _outermost(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The operators no other one of the same thread contains (its callees' time is its own)."""
+    out = []
+    by_thread: dict[tuple[Any, Any], list[dict[str, Any]]] = defaultdict(list)
+    for e in ops:
+        by_thread[_key(e)].append(e)
+    for items in by_thread.values():
+        end = float("-inf")
+        for e in sorted(items, key=lambda e: (float(e["ts"]), -float(e.get("dur", 0)))):
+            if float(e["ts"]) >= end:
+                out.append(e)
+                end = float(e["ts"]) + float(e.get("dur", 0))
+    return out
+
+
+def host(events: list[dict[str, Any]], steps: set[str], top: int = 6) -> dict[str, Any]:
+    """CPU ms per step of each model-runner scope inside the ``steps`` ranges, and per scope its ``top``
+    outermost CPU operators (name, ms and count per step)."""
+    annotations = [e for e in events if e.get("cat") == "user_annotation"]
+    ops = _outermost([e for e in events if e.get("cat") == "cpu_op"])
+    step_ranges = [e for e in annotations if e["name"] in steps]
+    scopes = [e for e in annotations if e["name"].startswith(OTHER_SCOPE_PREFIX)
+              and any(_within(e, r) for r in step_ranges)]
+    of_scope = _enclosing(scopes, ops, lambda n: True)
+    n = max(len(step_ranges), 1)
+    per_scope: dict[str, float] = defaultdict(float)
+    for e in scopes:
+        per_scope[e["name"]] += float(e.get("dur", 0)) / 1000
+    per_op: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0]))
+    for i, scope in of_scope.items():
+        entry = per_op[scope["name"]][ops[i]["name"]]
+        entry[0] += float(ops[i].get("dur", 0)) / 1000
+        entry[1] += 1
+    return {
+        "scopes": {k: round(v / n, 3) for k, v in sorted(per_scope.items(), key=lambda kv: -kv[1])},
+        "ops": {scope: [{"name": name[:120], "ms": round(ms / n, 3), "per_step": round(c / n, 1)}
+                        for name, (ms, c) in sorted(found.items(), key=lambda kv: -kv[1][0])[:top]]
+                for scope, found in per_op.items()},
+    }
+
+
+def _within(inner: dict[str, Any], outer: dict[str, Any]) -> bool:
+    start = float(outer["ts"])
+    return (_key(inner) == _key(outer) and start <= float(inner["ts"])
+            <= start + float(outer.get("dur", 0)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m harness.breakdown TRACE...``: each trace's breakdown as JSON, keyed by its path."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description="GPU time by stage and CPU time by scope of profiled steps")
+    parser.add_argument("traces", nargs="+", help="chrome traces written by harness.serve's profile command")
+    args = parser.parse_args(argv)
+    out = {}
+    for path in args.traces:
+        with open(path) as f:
+            out[path] = breakdown(json.load(f))
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -30,3 +30,15 @@ def test_batches_past_eight_get_prompts_and_sequences_for_them():
     assert len(engine.workloads[0].prompts) == 32
     (_, _, small), *_ = bench.configurations("k8v4", [1024])
     assert small.kwargs["max_num_seqs"] == 8 and len(small.workloads[0].prompts) == 8
+
+
+def test_breakdown_table_names_the_host_scopes_of_each_cell(capsys):
+    summary = {"steps": 12, "gpu_ms": 7.3, "launches": 528, "stages": {"target attention": 0.75},
+               "host": {"scopes": {"gpu_model_runner: draft": 5.42, "gpu_model_runner: preprocess": 4.72}}}
+    bench.print_breakdown({("line FULL_AND_PIECEWISE", 8192, 8): summary},
+                          {("line FULL_AND_PIECEWISE", 8192, 8): [10.0, 10.1, 9.9]},
+                          [(8192, 8)], ["line FULL_AND_PIECEWISE", "line no speculation"])
+    out = capsys.readouterr().out
+    assert "10.00    7.30   2.70" in out  # step, GPU, host = step - GPU
+    assert "line FULL_AND_PIECEWISE       8192     8  draft 5.42, preprocess 4.72" in out
+    assert "line no speculation" not in out

@@ -106,6 +106,25 @@ def test_busy_time_is_the_union_of_overlapping_kernels():
     assert got["gpu_ms"] == breakdown.breakdown(_trace())["gpu_ms"]
 
 
+def test_host_side_ranks_each_scope_and_its_outermost_operators():
+    """The CPU side: each runner scope's time per step, and in it the operators no other one contains (an
+    attention op's own slices are its time, not listed beside it); a scope outside every step is left out."""
+    trace = _trace()
+    for t0 in (1000, 3000):
+        trace["traceEvents"] += [_x("cpu_op", "vllm::unified_attention_with_output", t0 + 560, 120),
+                                 _x("cpu_op", "aten::slice", t0 + 570, 10),
+                                 _x("cpu_op", "aten::copy_", t0 + 700, 30),
+                                 _x("cpu_op", "aten::index", t0 + 30, 40)]
+    trace["traceEvents"].append(_x("user_annotation", "gpu_model_runner: draft", 9000, 5000))
+    got = breakdown.breakdown(trace)["host"]
+    assert got["scopes"]["gpu_model_runner: draft"] == pytest.approx(0.3)
+    assert got["scopes"]["gpu_model_runner: forward"] == pytest.approx(0.4)
+    draft = got["ops"]["gpu_model_runner: draft"]
+    assert [(o["name"], o["ms"], o["per_step"]) for o in draft] == [
+        ("vllm::unified_attention_with_output", 0.12, 1), ("aten::copy_", 0.03, 1)]
+    assert [o["name"] for o in got["ops"]["gpu_model_runner: forward"]] == ["aten::index"]
+
+
 def test_no_profiled_step_says_so():
     trace = {"traceEvents": [e for e in _trace()["traceEvents"] if not e["name"].startswith(STEP_PREFIX)]}
     assert breakdown.breakdown(trace)["steps"] == 0
