@@ -31,8 +31,9 @@ def _routes(doc: dict) -> dict[tuple[str, str], dict]:
     return {(r["config"]["target"], r["config"]["preset"]): r for r in doc["results"]}
 
 
-def _assert_ci_routes(doc: dict) -> None:
-    """Zero crashing configurations, and the decisions the planner must make on each target."""
+def _assert_ci_routes(doc: dict, precision: str = "tf32x3") -> None:
+    """Zero crashing configurations, and the decisions the planner must make on each target; ``precision`` is the
+    kernel's MSE score precision on CUDA from sm_80 (line v0.20's tf32x3, the current line's fp16x3)."""
     routes = _routes(doc)
     assert {t for t, _ in routes} == {t.name for t in TARGETS}
     assert len(doc["results"]) == len(ci_matrix())
@@ -43,14 +44,17 @@ def _assert_ci_routes(doc: dict) -> None:
     for t in TARGETS:
         fp8 = routes[(t.name, "k8v4")]
         mse = routes[(t.name, "3bit_nc")]
-        assert mse["tiles"]["precision"] == ("ieee" if t.name in FP32_SCORES else "tf32x3")
+        assert mse["tiles"]["precision"] == ("ieee" if t.name in FP32_SCORES else precision)
         if t.name == "sm_75":
             # The estimate lets the widest FP8 tiling through; its compiled kernel needs more than 64 KiB,
             # so the compiled check refuses it and the planner shrinks BLOCK_N.
             assert not fp8["widest"] and fp8["attempts"][0]["shared"] > t.max_shared, fp8
         else:
             assert fp8["widest"], fp8
-        if t.name in BIG:
+        if precision == "fp16x3" and t.name in BIG | SMALL:
+            # 32 x 256 rows x head dim in float16 hi/lo parts: 64 KiB, within every sm_80+ part's shared memory.
+            assert mse["widest"] and mse["shared"] == 65536, mse
+        elif t.name in BIG:
             # 32 x 256 rows x head dim in tf32x3: 128 KiB, within A100's and H100's shared memory.
             assert mse["widest"] and mse["shared"] == 131072, mse
         elif t.name in SMALL:
@@ -78,7 +82,7 @@ def test_ci_subset_triton36_line_v020(kernel_v020: Path, tmp_path: Path):
 @pytest.mark.slow
 def test_ci_subset_triton38_current_line(kernel_current: Path, triton38_python: Path, tmp_path: Path):
     """The current line with Triton 3.8.0 (a venv of its own: PyPI)."""
-    _assert_ci_routes(_run_ci(triton38_python, kernel_current, tmp_path))
+    _assert_ci_routes(_run_ci(triton38_python, kernel_current, tmp_path), "fp16x3")
 
 
 def test_checker_flags_a_plan_blind_to_the_device(kernel_v020: Path, tmp_path: Path):
