@@ -33,9 +33,10 @@ def _tiles(rows: list[dict]) -> dict[tuple[str, int], tuple]:
 
 
 def test_route_table_under_device_limits(patched_v033, monkeypatch):
-    """The installed planner's tilings for an sm_86 part's 99 KiB, a 64 KiB cap and a 48 KiB one: MSE keys
-    take narrower tiles as the limit falls, and the release's route (saying why) once none fits; FP8 keys fit
-    all three. VLLM_TURBOQUANT_ATTENTION_KERNEL=decode and head dims the kernel does not take: the release."""
+    """The installed planner's tilings for an sm_86 part's 99 KiB, a 48 KiB cap and a 32 KiB one, and 24 KiB:
+    MSE keys take narrower tiles as the limit falls, and the release's route (saying why) once none fits; FP8
+    keys fit them all. VLLM_TURBOQUANT_ATTENTION_KERNEL=decode and head dims the kernel does not take: the
+    release."""
     monkeypatch.delenv(routes.ROUTE_ENV, raising=False)
     kernel = tree.load_module(patched_v033, KERNEL)
 
@@ -45,15 +46,18 @@ def test_route_table_under_device_limits(patched_v033, monkeypatch):
     rtx = table(101376)  # RTX 3090/4090/5090, A5000/A6000
     assert rtx[("k8v4", 4)] == (32, 1, 64) and rtx[("k8v4", 1)] == (16, 1, 64)
     assert rtx[("4bit_nc", 4)] == (32, 1, 32) and rtx[("4bit_nc", 2)] == (16, 1, 64)
-    # 3-bit keys at 32 x 256 would stage 128 KiB: two M tiles of 16 rows instead.
-    assert rtx[("3bit_nc", 4)] == (16, 2, 32) == rtx[("k3v4_nc", 3)] and rtx[("3bit_nc", 1)] == (16, 1, 32)
-    capped = table(65536)
-    assert capped[("4bit_nc", 4)] == (16, 2, 32) and capped[("3bit_nc", 4)] == (16, 2, 16)
+    # 3-bit keys at 32 x 256 stage 64 KiB in fp16x3 (128 KiB in tf32x3): one M tile of 32 rows, as on the H100.
+    assert rtx[("3bit_nc", 4)] == (32, 1, 32) == rtx[("k3v4_nc", 3)] and rtx[("3bit_nc", 1)] == (16, 1, 32)
+    capped = table(49152)
+    assert capped[("4bit_nc", 4)] == (32, 1, 32) and capped[("3bit_nc", 4)] == (16, 2, 32)
     assert capped[("k8v4", 4)] == (32, 1, 64)
-    small = table(49152)
-    assert small[("4bit_nc", 4)] == (16, 2, 16) and small[("k8v4", 4)] == (32, 1, 64)
-    assert small[("3bit_nc", 1)] == small[("k3v4_nc", 4)] == \
-        "no tiling's operands fit the shared memory (49152 B per block)"
+    small = table(32768)
+    assert small[("4bit_nc", 4)] == (16, 2, 32) and small[("3bit_nc", 4)] == (16, 2, 16)
+    assert small[("k8v4", 4)] == (32, 1, 64)
+    tiny = table(24576)
+    assert tiny[("4bit_nc", 4)] == (16, 2, 16) and tiny[("k8v4", 4)] == (32, 1, 32)
+    assert tiny[("3bit_nc", 1)] == tiny[("k3v4_nc", 4)] == \
+        "no tiling's operands fit the shared memory (24576 B per block)"
     rows = routes.route_table(kernel, kernel.TQMQLimits(101376, 86), [(6, 512)], ["k8v4"], [1])
     assert rows[0]["route"] == "release" and "head dim 512" in rows[0]["why"]
     monkeypatch.setenv(routes.ROUTE_ENV, "decode")
@@ -69,7 +73,7 @@ def test_assumed_limits_json(patched_v033):
     [table] = data["routes"]
     assert table["device"] == "assumed" and table["limits"] == {"max_shared": 101376, "capability": 86, "hip": False}
     got = _tiles(table["rows"])
-    assert got[("3bit_nc", 4)] == (16, 2, 32) and got[("3bit_nc", 2)] == (16, 1, 32)
+    assert got[("3bit_nc", 4)] == (32, 1, 32) and got[("3bit_nc", 2)] == (16, 1, 32)
     assert table["kernel_for_k"] == [{"group": 6, "head_dim": 256, "preset": "3bit_nc", "k": [0, 1, 2, 3],
                                       "of": [0, 1, 2, 3]}]
     assert data["check"]["results"] == [] and data["timing"] == []

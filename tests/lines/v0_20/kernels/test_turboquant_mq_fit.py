@@ -65,7 +65,10 @@ def test_the_current_kernel_is_line_v020s_with_its_measured_and_runtime_variant_
     tests: the split count, the partials' strides and the block table's row stride as unspecialized arguments
     (``SPLIT`` the only constexpr left of them), a probe of every variant (K+1, splits and merge, norm
     correction, the layer's layout) and the layer's compile without a launch (``tq_mq_verify_warm``,
-    ``compile_only``). Anything else that differs would go untested."""
+    ``compile_only``); and the MSE score path that tests/lines/v0_33/test_tq_mq_verify.py tests at every preset
+    (scores of tens included): fp16x3 scores on CUDA (``SCORE_PRECISION``, the float16 split of both operands),
+    3-bit fields cut from 24-bit words with their centroids gathered from registers instead of the select tree,
+    the norm correction on the score column. Anything else that differs would go untested."""
     current = _added_lines(PROJECT / "patches" / "0003-turboquant-multi-query-verify-kernel.patch", VERIFY)
     v020 = _added_lines(PROJECT / "lines" / "v0.20" / "patches" / "0007-turboquant-multi-query-verify-kernel.patch",
                         VERIFY)
@@ -73,20 +76,24 @@ def test_the_current_kernel_is_line_v020s_with_its_measured_and_runtime_variant_
            SequenceMatcher(None, v020, current, autojunk=False).get_opcodes() if tag != "equal"]
     removed = "".join(line for old, _ in ops for line in old)
     added = "".join(line for _, new in ops for line in new)
-    # What went: the byte-wise scale/zero loads, the integer-to-float nibbles, the split count as a constexpr, the
-    # probe's single launch.
-    assert removed.count("tl.load(KV_ptr + sz") == 4 and removed.count(".to(tl.float16)") == 2
+    # What went: the byte-wise scale/zero loads, the integer-to-float nibbles and 3-bit values, the split count as a
+    # constexpr, the probe's single launch; the tf32x3-only score flag, the 3-bit select tree and byte pairs.
+    assert removed.count("tl.load(KV_ptr + sz") == 4 and removed.count(".to(tl.float16)") == 3
+    assert removed.count("SCORE_IEEE") == 4 and "def _tq_mq_centroids(" in removed
+    assert "mse_shift" in removed and "val_shift" in removed
     assert "NUM_SPLITS: tl.constexpr" in removed and "NUM_SPLITS" not in "".join(current)
-    # 83 (and 258 added below): with the nibble loads in vLLM's style, one line each, the ")" closing v0.20's
-    # integer-to-float dot no longer lines up with a line of the current kernel.
-    assert removed.count("\n") == 83, removed
-    # What came: the one-word load (with the byte-wise one as its fallback), the mantissa trick, the tile rule; the
-    # unspecialized split arguments, the probe of every variant, the compile without a launch.
-    assert "tl.pointer_type(tl.uint32)" in added and added.count("0x6400") == 3 and "- 1024.0" in added
+    # 186 (and 370 added below): the changes above and the docstrings and comments that describe them.
+    assert removed.count("\n") == 186, removed
+    # What came: the one-word load (with the byte-wise one as its fallback), the mantissa trick (4-bit and 3-bit
+    # values), the tile rule; the unspecialized split arguments, the probe of every variant, the compile without a
+    # launch; the score split and the word fields.
+    assert "tl.pointer_type(tl.uint32)" in added and added.count("0x6400") == 4 and "- 1024.0" in added
     assert "head_dim == 256" in added and "block_n //= 2" in added
     assert added.count("do_not_specialize") == 3 and "def tq_mq_verify_warm(" in added and "compile_only" in added
     assert '"stride_bt"]' in added
-    assert added.count("\n") == 258, added
+    assert "def _tq_mq_fields3(" in added and "def _tq_mq_score_dot(" in added and "def _tq_mq_score_operand(" in added
+    assert added.count("SCORE_PRECISION") == 8 and 'return "fp16x3"' in added
+    assert added.count("\n") == 370, added
 
 
 @pytest.fixture
