@@ -186,11 +186,10 @@ def host(events: list[dict[str, Any]], steps: set[str], top: int = 6) -> dict[st
     outermost CPU operators (name, ms and count per step)."""
     annotations = [e for e in events if e.get("cat") == "user_annotation"]
     ops = _outermost([e for e in events if e.get("cat") == "cpu_op"])
-    step_ranges = [e for e in annotations if e["name"] in steps]
-    scopes = [e for e in annotations if e["name"].startswith(OTHER_SCOPE_PREFIX)
-              and any(_within(e, r) for r in step_ranges)]
+    runner = [e for e in annotations if e["name"].startswith(OTHER_SCOPE_PREFIX)]
+    scopes = [runner[i] for i in _enclosing(annotations, runner, lambda name: name in steps)]
     of_scope = _enclosing(scopes, ops, lambda n: True)
-    n = max(len(step_ranges), 1)
+    n = max(len(steps), 1)
     per_scope: dict[str, float] = defaultdict(float)
     for e in scopes:
         per_scope[e["name"]] += float(e.get("dur", 0)) / 1000
@@ -206,11 +205,6 @@ def host(events: list[dict[str, Any]], steps: set[str], top: int = 6) -> dict[st
                 for scope, found in per_op.items()},
     }
 
-
-def _within(inner: dict[str, Any], outer: dict[str, Any]) -> bool:
-    start = float(outer["ts"])
-    return (_key(inner) == _key(outer) and start <= float(inner["ts"])
-            <= start + float(outer.get("dur", 0)))
 
 
 def main(argv: list[str] | None = None) -> int:
