@@ -724,6 +724,9 @@ TP2: tuple[Scenario, ...] = tuple(tensor_parallel(s) for s in (
     _long_prompts("3bit_nc", 3),
     _long_prompts("4bit_nc", 1),
     twin(_combined("4bit_nc", "mtp", model=QWEN3_NEXT12_G6D256_MTP)),
+    # The users' preset at a consumer card's tiles, judged exactly (the forced oracle's own reference is too
+    # noisy at TP=2 for the combined workloads of this model).
+    twin(_consumer_smem(_USERS_TP2[0])),
 ))
 
 # No kernel compiled while serving (one GPU): selected by name (`--scenarios j`), never by default.
