@@ -66,8 +66,9 @@ def record_launches(mod, monkeypatch, capability: int = 90) -> Recorder:
     backend = make_backend(GPUTarget("cuda", capability, 32))
     recorder = Recorder()
     for name in KERNELS:
-        interpreted = getattr(mod, name)
-        jit = JITFunction(interpreted.fn, **interpreted.kwargs)
+        kernel = getattr(mod, name)
+        # Interpreted (TRITON_INTERPRET=1) the decorator's arguments are kept aside; compiled, it is the JIT itself.
+        jit = kernel if isinstance(kernel, JITFunction) else JITFunction(kernel.fn, **kernel.kwargs)
         binder = create_function_from_signature(jit.signature, jit.params, backend)
         monkeypatch.setattr(mod, name, _Kernel(name, binder, recorder))
     return recorder
