@@ -23,6 +23,13 @@ The comparisons (`--group`):
   decodes the first 8 prompts once more, recording every proposal of its speculator (harness.drafts):
   the fused drafter must propose exactly what the per-step one does. A tree given as `sabotaged` joins
   that check only (a known bad tree the check must catch).
+- `fallback`: the drafter's decode graphs where the multi-query route steps aside (patch 0010): the same
+  hybrid, MTP K=3 on Model Runner V2, TurboQuant k8v4 with `VLLM_TURBOQUANT_ATTENTION_KERNEL=decode` (the
+  route off, as on a GPU no tiling fits), FULL_AND_PIECEWISE asked for, which vLLM resolves to PIECEWISE for
+  the target. The line (its draft decodes in FULL graphs) and the line without 0010 (tree `without`: draft
+  decodes eager, metadata rebuilt before each step) against the release in PIECEWISE (the baseline: its
+  FULL_AND_PIECEWISE emits wrong tokens) and the release without speculation. The two lines' proposals are
+  compared as the drafter group's are (one untimed pass).
 - `ragged`: decodes of different lengths in one launch (patch 0006): the same hybrid (24/4 heads of 256),
   TurboQuant k8v4, ngram K=3 on Model Runner V1 (the hybrids' default), FULL_AND_PIECEWISE, over prompts
   of which every other one never repeats, so its ngram request finds no match and is scheduled one token
@@ -51,6 +58,7 @@ and the trees of gpu/host.sh; `gpu/host.sh bench` runs it.
     python benchmarks/bench_spec_e2e.py --group llama --tree unpatched=DIR --tree patched=DIR --path SITE
     python benchmarks/bench_spec_e2e.py --group verify --context 32768 --tree unpatched=DIR --tree patched=DIR
     python benchmarks/bench_spec_e2e.py --group drafter --tree without=DIR --tree patched=DIR [--tree sabotaged=DIR]
+    python benchmarks/bench_spec_e2e.py --group fallback --tree without=DIR --tree patched=DIR --tree unpatched=DIR
     python benchmarks/bench_spec_e2e.py --group ragged --tree without=DIR --tree patched=DIR
     python benchmarks/bench_spec_e2e.py --group ultraquant --tree unpatched=DIR --tree patched=DIR
 """
@@ -60,6 +68,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -200,6 +209,22 @@ def drafter_configurations(sabotaged: bool) -> tuple[list[tuple[str, str, Engine
     return rows, rows[0][0]
 
 
+def fallback_configurations() -> tuple[list[tuple[str, str, Engine]], str]:
+    """The fallback group: with the multi-query route off, the line's draft decodes in FULL graphs against the
+    line without 0010 (eager draft decodes) and the release's workaround (PIECEWISE, the baseline) and plain
+    decode, MTP K=3 on Model Runner V2 in the users' attention geometry."""
+    vocab = QWEN3_NEXT12_G6D256_MTP.config["vocab_size"]
+    line = users_geometry_engine(mtp(3), bench_prompts(vocab), v2=True)
+    off = replace(line, env=(*line.env, ("VLLM_TURBOQUANT_ATTENTION_KERNEL", "decode")))
+    release = users_geometry_engine(mtp(3), bench_prompts(vocab), v2=True,
+                                    compilation_config={"cudagraph_mode": "PIECEWISE"})
+    plain = users_geometry_engine(None, bench_prompts(vocab), v2=True)
+    return [("mtp route off, draft decodes eager", "without", off),
+            ("mtp route off, draft decodes FULL", "patched", off),
+            ("mtp release PIECEWISE", "unpatched", release),
+            ("release no speculation", "unpatched", plain)], "mtp release PIECEWISE"
+
+
 def check_drafts(fleet: Fleet, labels: list[str], baseline: str, batch: int = 8) -> list[str]:
     """Each engine's proposals and tokens over one pass of the first ``batch`` prompts, against the baseline's."""
     runs = {label: fleet.drafts(label, "decode", batch) for label in labels}
@@ -234,6 +259,8 @@ def configurations(group: str, context: int = 512, with_release: bool = False,
         return drafter_configurations(sabotaged)
     if group == "ragged":
         return ragged_configurations()
+    if group == "fallback":
+        return fallback_configurations()
     if group == "ultraquant":
         return ultraquant_configurations()
     model = LLAMA_1B if group == "llama" else HYBRID_1B
@@ -269,7 +296,7 @@ def configurations(group: str, context: int = 512, with_release: bool = False,
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--group", required=True,
-                        choices=("llama", "hybrid", "verify", "drafter", "ragged", "ultraquant"))
+                        choices=("llama", "hybrid", "verify", "drafter", "fallback", "ragged", "ultraquant"))
     parser.add_argument("--context", type=int, default=8192, help="prompt tokens of the verify group")
     parser.add_argument("--tree", action="append", required=True, help="LABEL=DIR for unpatched and patched")
     parser.add_argument("--path", action="append", default=[], help="extra PYTHONPATH entries (dependencies)")
@@ -323,7 +350,11 @@ def main() -> int:
                     drafted, accepted = acceptance.get((label, batch), (0.0, 0.0))
                     acceptance[(label, batch)] = (drafted + spec.get("num_draft_tokens", 0.0),
                                                   accepted + spec.get("num_accepted_tokens", 0.0))
-        drafts = check_drafts(fleet, [label for label, _, _ in rows], baseline) if args.group == "drafter" else []
+        drafts = []
+        if args.group == "drafter":
+            drafts = check_drafts(fleet, [label for label, _, _ in rows], baseline)
+        elif args.group == "fallback":  # the two lines' drafters: the eager one is the reference
+            drafts = check_drafts(fleet, [label for label, _, _ in rows[:2]], rows[0][0])
     finally:
         fleet.close()
     prompt = len(rows[0][2].workloads[0].prompts[0])
@@ -344,7 +375,7 @@ def main() -> int:
             drafted, accepted = acceptance.get((label, batch), (0.0, 0.0))
             acc = f"{accepted / drafted:.2f}" if drafted else "-"
             print(f"{label:42} {batch:>5} {spread(values)} {ratio:>30} {acc:>10} {m.boot.get('boot_s', '-'):>7}")
-    if args.group == "drafter":
+    if args.group in ("drafter", "fallback"):
         print("\nms per output token and request (median; with drafts almost never accepted, one engine step):")
         for batch in (int(b) for b in args.batches.split(",")):
             for label in labels:

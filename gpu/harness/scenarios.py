@@ -695,6 +695,9 @@ PROBES: tuple[Scenario, ...] = (
     # UltraQuant's scenarios with its verify batches in the per-request loop instead of patch 0007's route.
     _route_off(_ultraquant(_combined("k8v4", "ngram"), max_num_batched_tokens=1024)),
     _route_off(_ultraquant(_arrivals("k8v4", "ngram"))),
+    # TurboQuant's fallback (the route off) with MTP in the users' attention geometry: verify batches in the
+    # per-request loop, the target in PIECEWISE, the drafter's decodes in FULL graphs on Model Runner V2 (0010).
+    _route_off(_combined("4bit_nc", "mtp", model=QWEN3_NEXT12_G6D256_MTP)),
 )
 
 def tensor_parallel(s: Scenario, size: int = 2) -> Scenario:

@@ -28,28 +28,35 @@ EXPECTED: dict[str, dict[str, tuple[str, tuple[str, ...]]]] = {
     # Verify batches out of FULL graphs (TurboQuant and UltraQuant share the builder): 0001's graph part is
     # upstream, its causal lengths are not; 0003 (which brings FULL graphs back) conflicts with the override, and
     # 0005-0008, which extend 0003's builder (0007 UltraQuant's subclass of it; 0008 its workspace), with it (wherever
-    # 0003 conflicts). 0009 (the GDN layers' profile warm-up) is untouched by every stand-in.
+    # 0003 conflicts). 0009 (the GDN layers' profile warm-up) and 0010 (V2's draft graphs) are untouched by every
+    # stand-in.
     "53406": {"0001": ("merged", ("FULL graphs",)), "0002": UNTOUCHED, "0003": ("conflict", ()), "0004": UNTOUCHED,
               "0005": ("conflict", ()), "0006": ("conflict", ()), "0007": ("conflict", ()),
-              "0008": ("conflict", ()), "0009": UNTOUCHED},
+              "0008": ("conflict", ()), "0009": UNTOUCHED,
+              "0010": UNTOUCHED},
     "43747": {"0001": ("conflict", ("FULL graphs",)), "0002": UNTOUCHED, "0003": ("conflict", ()),
               "0004": UNTOUCHED, "0005": ("conflict", ()), "0006": ("conflict", ()), "0007": ("conflict", ()),
-              "0008": ("conflict", ()), "0009": UNTOUCHED},
+              "0008": ("conflict", ()), "0009": UNTOUCHED,
+              "0010": UNTOUCHED},
     # Verify rows expanded into single-token decodes in FULL graphs: 0003's graph safety is upstream, its
     # speed (the cache once per KV head, not once per query row) is not. 0001 is obsolete: its route checks see
     # TurboQuant's and UltraQuant's verify rows attended over the device lengths, around the per-request loop.
     "53410": {"0001": ("obsolete", ()), "0002": UNTOUCHED, "0003": ("conflict", ("graph safety",)),
               "0004": UNTOUCHED, "0005": ("conflict", ()), "0006": ("conflict", ()), "0007": ("conflict", ()),
-              "0008": ("conflict", ()), "0009": UNTOUCHED},
+              "0008": ("conflict", ()), "0009": UNTOUCHED,
+              "0010": UNTOUCHED},
     # Bounds by the row stride (a stale count beyond the row's width still reads another column) and a clamp
     # below alone: neither keeps every count in the row, so no part of 0002 is upstream.
     "50021": {"0001": UNTOUCHED, "0002": ("clean", ()), "0003": UNTOUCHED, "0004": UNTOUCHED, "0005": UNTOUCHED,
-              "0006": UNTOUCHED, "0007": UNTOUCHED, "0008": UNTOUCHED, "0009": UNTOUCHED},
+              "0006": UNTOUCHED, "0007": UNTOUCHED, "0008": UNTOUCHED, "0009": UNTOUCHED,
+              "0010": UNTOUCHED},
     "48475": {"0001": UNTOUCHED, "0002": ("conflict", ()), "0003": UNTOUCHED, "0004": UNTOUCHED, "0005": UNTOUCHED,
-              "0006": UNTOUCHED, "0007": UNTOUCHED, "0008": UNTOUCHED, "0009": UNTOUCHED},
+              "0006": UNTOUCHED, "0007": UNTOUCHED, "0008": UNTOUCHED, "0009": UNTOUCHED,
+              "0010": UNTOUCHED},
     # V1's dispatch fixed in _is_uniform_decode, not where 0004 fixes it: the same decision, so 0004 is obsolete.
     "47123": {"0001": UNTOUCHED, "0002": UNTOUCHED, "0003": UNTOUCHED, "0004": ("obsolete", ()), "0005": UNTOUCHED,
-              "0006": UNTOUCHED, "0007": UNTOUCHED, "0008": UNTOUCHED, "0009": UNTOUCHED},
+              "0006": UNTOUCHED, "0007": UNTOUCHED, "0008": UNTOUCHED, "0009": UNTOUCHED,
+              "0010": UNTOUCHED},
 }
 
 
