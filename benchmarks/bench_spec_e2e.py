@@ -350,11 +350,9 @@ def main() -> int:
                     drafted, accepted = acceptance.get((label, batch), (0.0, 0.0))
                     acceptance[(label, batch)] = (drafted + spec.get("num_draft_tokens", 0.0),
                                                   accepted + spec.get("num_accepted_tokens", 0.0))
-        drafts = []
-        if args.group == "drafter":
-            drafts = check_drafts(fleet, [label for label, _, _ in rows], baseline)
-        elif args.group == "fallback":  # the two lines' drafters: the eager one is the reference
-            drafts = check_drafts(fleet, [label for label, _, _ in rows[:2]], rows[0][0])
+        # The drafters whose proposals are compared, against the first row's (the reference drafter).
+        compared = {"drafter": rows, "fallback": rows[:2]}.get(args.group, [])
+        drafts = check_drafts(fleet, [label for label, _, _ in compared], rows[0][0]) if compared else []
     finally:
         fleet.close()
     prompt = len(rows[0][2].workloads[0].prompts[0])

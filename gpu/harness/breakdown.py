@@ -206,7 +206,6 @@ def host(events: list[dict[str, Any]], steps: set[str], top: int = 6) -> dict[st
     }
 
 
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m harness.breakdown TRACE...``: each trace's breakdown as JSON, keyed by its path."""
     import argparse
