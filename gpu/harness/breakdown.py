@@ -24,9 +24,11 @@ from typing import Any
 
 STEP_PREFIX = "vp_step "
 
-# vLLM's model-runner scopes (Model Runner V1, vllm/v1/worker/gpu_model_runner.py) and the stage each names.
+# vLLM's model-runner scopes (Model Runner V1, vllm/v1/worker/gpu_model_runner.py; on Model Runner V2 the ranges
+# harness.scopes opens, whose execute_model holds the input preparation too) and the stage each names.
 SCOPES = {
     "gpu_model_runner: forward": "target",
+    "gpu_model_runner: execute_model": "target",
     "gpu_model_runner: draft": "drafter",
     "gpu_model_runner: sample": "sampler and rejection",
 }

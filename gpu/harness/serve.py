@@ -153,14 +153,17 @@ def _profile(llm, steps: Steps, sampling_params, workload: dict[str, Any], batch
              trace: Path) -> dict[str, Any]:
     """One pass of the workload's first ``batch`` prompts with up to ``count`` whole-batch decode steps
     profiled; harness.breakdown's summary of them."""
+    from harness import scopes
     from harness.breakdown import breakdown
 
+    scopes.install()  # Model Runner V2 opens no scopes of its own
     prompts = [{"prompt_token_ids": list(p)} for p in workload["prompts"][:batch]]
     params = sampling_params(temperature=0.0, max_tokens=workload["max_tokens"], min_tokens=workload["max_tokens"],
                              detokenize=False, ignore_eos=True)
     steps.clear(batch)
     steps.profile_next(count)
-    llm.generate(prompts, params, use_tqdm=False)
+    with scopes.opened():
+        llm.generate(prompts, params, use_tqdm=False)
     steps.stop()
     if steps.finished is None:
         return {"error": {"type": "profile", "message": "no step decoded the whole batch", "at": None}}
