@@ -33,9 +33,18 @@ class ModelSpec:
     # False: only config.json is written; the engine runs with load_format="dummy" (vLLM draws the
     # weights), for models too large to make here that are used for memory figures only.
     weights: bool = True
+    # (name suffix, std): matrices whose parameter name ends so are drawn at that scale instead of `std`.
+    std_overrides: tuple[tuple[str, float], ...] = ()
 
     def key(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        fields = asdict(self)
+        if not self.std_overrides:  # the models made before the field existed keep their digests
+            del fields["std_overrides"]
+        return json.dumps(fields, sort_keys=True)
+
+    def std_of(self, name: str) -> float:
+        """The scale a random matrix named ``name`` is drawn at."""
+        return next((std for suffix, std in self.std_overrides if name.endswith(suffix)), self.std)
 
 
 LLAMA6 = ModelSpec(
@@ -100,12 +109,17 @@ QWEN3_NEXT12_DENSE_MTP = ModelSpec(
 
 # The attention geometry of the users' Qwen3.6-27B-class hybrids (24 query / 4 KV heads, head dim 256:
 # G=6, the case the multi-query kernel tiles most tightly) on the dense hybrid above, with positions
-# for prompts of several thousand tokens.
+# for prompts of several thousand tokens. The output projection reads 24 x 256 = 6,144 features where the
+# dense hybrid's reads 4 x 128 = 512, so at the same std each attention layer wrote into the residual stream
+# at 12 times the variance, and K/V noise of a 4-bit quantizer's size moved its greedy tokens 6 times as far
+# (`python -m harness.sensitivity`): the forced oracle's own calibration missed by 19-27 nats against margins of
+# 11-27 and could judge nothing. Its std is scaled by sqrt(512 / 6144), which gives the dense hybrid's gain.
+O_PROJ_512 = ("self_attn.o_proj.weight", round(0.02 * (512 / 6144) ** 0.5, 5))
 QWEN3_NEXT12_G6D256_MTP = ModelSpec(
-    name="qwen3next12-allexperts-mtp-g6d256", arch="qwen3_next",
+    name="qwen3next12-allexperts-mtp-g6d256-o", arch="qwen3_next",
     config={**QWEN3_NEXT12_DENSE_MTP.config, "num_attention_heads": 24, "num_key_value_heads": 4, "head_dim": 256,
             "max_position_embeddings": 16384},
-    seed=1, std=0.02, mtp_layers=1)
+    seed=1, std=0.02, mtp_layers=1, std_overrides=(O_PROJ_512,))
 
 # Llama-3.1-8B's shapes (32 layers, 32/8 heads of 128, 16 GB of bfloat16 weights), for memory figures only.
 LLAMA8B = ModelSpec(
@@ -196,7 +210,7 @@ def instantiate(spec: ModelSpec, dtype=None):
             elif param.dim() == 1:
                 param.zero_()
             else:
-                param.copy_(torch.randn(param.shape, generator=gen) * spec.std)
+                param.copy_(torch.randn(param.shape, generator=gen) * spec.std_of(name))
     return model.to(dtype) if dtype is not None else model
 
 
@@ -275,6 +289,6 @@ def _add_mtp(spec: ModelSpec, model, root: Path) -> None:
                 norm = "norm" in rest.rsplit(".", 2)[-2]
                 extra[f"mtp.layers.{i}.{rest}"] = (
                     torch.ones(t.shape) if norm else torch.zeros(t.shape) if t.dim() == 1
-                    else torch.randn(t.shape, generator=gen) * spec.std)
+                    else torch.randn(t.shape, generator=gen) * spec.std_of(rest))
     save_file({**tensors, **{k: v.to(torch.bfloat16).contiguous() for k, v in extra.items()}}, str(files[0]),
               metadata={"format": "pt"})

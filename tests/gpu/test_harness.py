@@ -686,3 +686,36 @@ def test_reap_ends_the_workers_an_engine_process_left_behind():
         time.sleep(0.05)
     assert not _alive(worker)
     reap(proc.pid)  # again, with nothing left to kill: no error
+
+
+def test_a_std_override_draws_only_the_matrices_it_names_at_its_scale():
+    spec = models.ModelSpec(name="tiny-o", arch="llama", seed=3, std=0.02,
+                            std_overrides=(("self_attn.o_proj.weight", 0.002),),
+                            config=dict(vocab_size=32, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
+                                        num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                        max_position_embeddings=64, tie_word_embeddings=False))
+    params = dict(models.instantiate(spec).named_parameters())
+    o = params["model.layers.0.self_attn.o_proj.weight"].std().item()
+    q = params["model.layers.0.self_attn.q_proj.weight"].std().item()
+    assert 0.0015 < o < 0.0025 and 0.015 < q < 0.025
+
+
+def test_models_without_overrides_keep_their_digests():
+    """The field is left out of the key where unused, so the models built before it are found again."""
+    assert "std_overrides" not in models.QWEN3_NEXT12_DENSE_MTP.key()
+    assert json.loads(models.LLAMA6.key()) == {"name": "llama6", "arch": "llama", "config": models.LLAMA6.config,
+                                               "seed": 1, "std": 0.03, "embed_std": 1.0, "mtp_layers": 0,
+                                               "weights": True}
+
+
+def test_the_users_geometry_model_writes_attention_at_the_dense_hybrid_s_gain():
+    """Its output projection reads 24 x 256 features where the dense hybrid's reads 4 x 128: the std is scaled by
+    the square root of the ratio (python -m harness.sensitivity measures what that does to the oracle's noise)."""
+    dense, users = models.QWEN3_NEXT12_DENSE_MTP, models.QWEN3_NEXT12_G6D256_MTP
+
+    def gain(s: models.ModelSpec) -> float:
+        fan_in = s.config["num_attention_heads"] * s.config["head_dim"]
+        return fan_in * s.std_of("model.layers.1.self_attn.o_proj.weight") ** 2
+
+    assert gain(users) == pytest.approx(gain(dense), rel=5e-3)
+    assert users.std_of("model.layers.1.self_attn.q_proj.weight") == dense.std
