@@ -15,18 +15,9 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
+from harness.methods import speculator_classes, wrap_once
+
 _STATE: dict[str, Any] = {"log": None, "depth": 0}
-
-
-def _speculator_classes() -> list[type]:
-    from vllm.v1.worker.gpu.spec_decode.speculator import BaseSpeculator
-
-    seen, todo = [], [BaseSpeculator]
-    while todo:
-        cls = todo.pop()
-        seen.append(cls)
-        todo.extend(c for c in cls.__subclasses__() if c not in seen)
-    return seen
 
 
 def _wrap(propose):
@@ -41,21 +32,12 @@ def _wrap(propose):
             _STATE["log"].append(drafts.tolist())
         return drafts
 
-    recorded.__vp_recorded__ = True
     return recorded
 
 
 def install() -> int:
     """Wrap ``propose`` where a speculator class defines it (once); returns how many classes are wrapped."""
-    count = 0
-    for cls in _speculator_classes():
-        propose = cls.__dict__.get("propose")
-        if propose is None:
-            continue
-        if not getattr(propose, "__vp_recorded__", False):
-            cls.propose = _wrap(propose)
-        count += 1
-    return count
+    return sum(wrap_once(cls, "propose", _wrap, "__vp_recorded__") for cls in speculator_classes())
 
 
 @contextlib.contextmanager

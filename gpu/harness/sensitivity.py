@@ -62,7 +62,8 @@ def measure(spec: models.ModelSpec, tokens: int, eps_values: list[float], seed: 
     model = models.instantiate(spec, torch.float32).eval()
     runs = [_continue(model, p, tokens) for p in prompts(spec.config["vocab_size"])]
     clean = [_logprobs(model, ids, 0.0, 0)[len(ids) - tokens - 1:-1] for ids in runs]
-    margins = [m for lp in clean for m in (lambda top: (top[:, 0] - top[:, 1]).tolist())(lp.topk(2, -1).values)]
+    tops = [lp.topk(2, -1).values for lp in clean]
+    margins = [m for top in tops for m in (top[:, 0] - top[:, 1]).tolist()]
     result = {"margin": statistics.median(margins), "distinct": [len(set(ids[-tokens:])) for ids in runs], "eps": {}}
     for eps in eps_values:
         misses = []
