@@ -357,7 +357,8 @@ def main() -> int:
         fleet.close()
     prompt = len(rows[0][2].workloads[0].prompts[0])
     cache = rows[0][2].kwargs["kv_cache_dtype"]
-    print(f"\n{args.group}: {model.name}, KV cache {cache}, 8 prompts x {prompt} tokens, 256 tokens each; "
+    print(f"\n{args.group} on {fleet.platform()}: {model.name}, KV cache {cache}, 8 prompts x {prompt} tokens, "
+          "256 tokens each; "
           f"{args.rounds} interleaved runs of >= {args.min_seconds:.0f} s after a warm-up; output tokens/s")
     print(f"{'configuration':42} {'batch':>5} {'min':>8} {'median':>8} {'max':>8} {'vs ' + baseline:>30} "
           f"{'acceptance':>10} {'boot s':>7}")

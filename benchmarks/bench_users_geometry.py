@@ -260,7 +260,8 @@ def main() -> int:
         fleet.close()
     split = f", tensor parallel over {args.tensor_parallel} GPUs" if args.tensor_parallel > 1 else ""
     cap = os.environ.get(CAP_ENV)
-    print(f"\nusers' geometry: {model.name} (Qwen3.6-27B widths, {args.layers} layers{split}), MTP K=3, "
+    print(f"\nusers' geometry on {fleet.platform()}: {model.name} (Qwen3.6-27B widths, {args.layers} "
+          f"layers{split}), MTP K=3, "
           f"TurboQuant {args.preset}, shared memory {f'capped: {CAP_ENV}={cap}' if cap else 'of the GPU'}, "
           f"acceptance calibrated to {args.goal:.2f} at the first position (alpha {alpha:.4g}); "
           f"{max(8, *batches)} prompts of each context, {args.output_tokens} tokens each; {args.rounds} interleaved "

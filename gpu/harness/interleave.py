@@ -64,6 +64,13 @@ class Member:
         return None if err is None else f"{err.get('type')}: {err.get('message')} at {err.get('at')}"
 
 
+def describe_platforms(boots: list[dict[str, Any]]) -> str:
+    """Each distinct card-and-stack among engines' ready messages, in words, joined by "; "."""
+    seen = dict.fromkeys(f"{b['device']} (torch {b.get('torch', '?')}, Triton {b.get('triton', '?')})"
+                         for b in boots if b.get("device"))
+    return "; ".join(seen) or "unknown"
+
+
 class Fleet:
     """Engines booted together and run one at a time (see the module docstring)."""
 
@@ -91,6 +98,11 @@ class Fleet:
         while line and not line.startswith("{"):
             line = m.proc.stdout.readline()
         return json.loads(line) if line else None
+
+    def platform(self) -> str:
+        """The card and stack the booted engines reported (harness.serve.platform), in words: "NVIDIA H200
+        (torch 2.14.0+cu130, Triton 3.8.0)"; each distinct one once, "unknown" when no engine booted."""
+        return describe_platforms([m.boot for m in self.members.values()])
 
     def ask(self, label: str, command: dict[str, Any]) -> dict[str, Any]:
         """One command of harness.serve to one engine, and its answer."""

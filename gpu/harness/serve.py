@@ -3,7 +3,8 @@
 Benchmarks compare configurations by interleaving their runs (A, B, C, A, B, C, ...), so that
 drift of the GPU's clocks or of the host hits every configuration alike; that needs every engine
 booted at once, each in its own process, waiting for the next run. This process boots the engine
-of a harness job (`harness.child` builds the same LLM), prints `{"ready": ...}` on stdout, then
+of a harness job (`harness.child` builds the same LLM), prints `{"ready": ...}` on stdout (with the GPU's
+name and the torch, Triton and vLLM versions), then
 serves one command a line on stdin:
 
 - `{"run": WORKLOAD, "batch": N, "min_seconds": S}`: generate the workload's first N prompts
@@ -43,6 +44,22 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 def _say(obj: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
+
+
+def platform() -> dict[str, str]:
+    """What this engine runs on, for a benchmark's header: raw outputs kept in the repository must say the card
+    and the stack that made them (the GPU's name from torch, "cpu" without one)."""
+    import importlib
+
+    import torch
+    import triton
+
+    try:
+        vllm = getattr(importlib.import_module("vllm"), "__version__", "?")
+    except ImportError:  # the controller's own process, or a test without vLLM
+        vllm = "not importable"
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    return {"device": device, "torch": torch.__version__, "triton": triton.__version__, "vllm": vllm}
     sys.stdout.flush()
 
 
@@ -218,7 +235,7 @@ def main() -> None:
         os._exit(0)
     workloads = {w["name"]: w for w in job["workloads"]}
     steps = Steps(llm)
-    _say({"ready": True, "boot_s": round(time.perf_counter() - started, 1)})
+    _say({"ready": True, "boot_s": round(time.perf_counter() - started, 1), **platform()})
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd.get("quit"):

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from harness.interleave import ratio_of_medians, rotations, spread
+from harness.interleave import describe_platforms, ratio_of_medians, rotations, spread
 
 
 def test_spread_and_ratio_of_medians():
@@ -89,3 +89,25 @@ def test_forced_gaps_score_each_token_against_the_top(forcing):
     assert scored["margin"] == [pytest.approx(2.5), pytest.approx(20.0)]
     (other,) = module.forced_gaps([out], [[3, 5]])
     assert not other["followed"]
+
+
+def test_the_platform_line_names_each_card_and_stack_once_and_says_unknown_without_one():
+    h200 = {"ready": True, "device": "NVIDIA H200", "torch": "2.14.0+cu130", "triton": "3.8.0"}
+    assert describe_platforms([h200, dict(h200)]) == "NVIDIA H200 (torch 2.14.0+cu130, Triton 3.8.0)"
+    h100 = {**h200, "device": "NVIDIA H100 80GB HBM3"}
+    assert describe_platforms([h200, h100]) == ("NVIDIA H200 (torch 2.14.0+cu130, Triton 3.8.0); "
+                                                "NVIDIA H100 80GB HBM3 (torch 2.14.0+cu130, Triton 3.8.0)")
+    failed = {"error": {"type": "RuntimeError", "message": "boot", "at": None}}
+    assert describe_platforms([failed]) == "unknown"
+    assert describe_platforms([failed, h200]) == "NVIDIA H200 (torch 2.14.0+cu130, Triton 3.8.0)"
+
+
+def test_an_engine_reports_the_card_and_stack_it_runs_on():
+    import triton
+
+    from harness.serve import platform
+
+    here = platform()
+    assert here["device"] == (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu")
+    assert (here["torch"], here["triton"]) == (torch.__version__, triton.__version__)
+    assert describe_platforms([{"ready": True, **here}]).startswith(f"{here['device']} (torch {torch.__version__}")
