@@ -44,6 +44,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 def _say(obj: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
 
 
 def platform() -> dict[str, str]:
@@ -60,7 +61,6 @@ def platform() -> dict[str, str]:
         vllm = "not importable"
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     return {"device": device, "torch": torch.__version__, "triton": triton.__version__, "vllm": vllm}
-    sys.stdout.flush()
 
 
 def _drafts(llm, sampling_params, workload: dict[str, Any], batch: int) -> dict[str, Any]:

@@ -111,3 +111,24 @@ def test_an_engine_reports_the_card_and_stack_it_runs_on():
     assert here["device"] == (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu")
     assert (here["torch"], here["triton"]) == (torch.__version__, triton.__version__)
     assert describe_platforms([{"ready": True, **here}]).startswith(f"{here['device']} (torch {torch.__version__}")
+
+
+def test_an_answer_reaches_the_controller_while_the_engine_process_waits():
+    """Fleet reads one line per command from a pipe while the engine process lives on: an answer left in
+    Python's buffer would hang the benchmark."""
+    import os
+    import select
+    import subprocess
+    from pathlib import Path
+
+    gpu = Path(__file__).resolve().parents[2] / "gpu"
+    code = "import sys, time; from harness.serve import _say; _say({'ready': True}); time.sleep(300)"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # a pipe buffers, as on a GPU host
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=gpu, env=env)
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        assert ready, "no answer within 30 s while the engine process waits"
+        assert proc.stdout.readline() == '{"ready": true}\n'
+    finally:
+        proc.kill()
+        proc.wait()
