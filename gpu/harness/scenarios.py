@@ -730,6 +730,12 @@ TP2: tuple[Scenario, ...] = tuple(tensor_parallel(s) for s in (
     # The users' preset at a consumer card's tiles, judged exactly (the forced oracle's own reference is too
     # noisy at TP=2 for the combined workloads of this model).
     twin(_consumer_smem(_USERS_TP2[0])),
+    # The rest of the combined configurations, judged exactly for the same reason: k8v4 with MTP and with ngram,
+    # MTP K=1, and requests that join mid-decode (arrivals keyed to engine steps, so both twins batch alike).
+    twin(_USERS_TP2[2]),
+    twin(_combined("k8v4", "ngram", model=QWEN3_NEXT12_G6D256_MTP)),
+    twin(_USERS_TP2[3]),
+    twin(_arrivals("4bit_nc", "mtp")),
 ))
 
 # No kernel compiled while serving (one GPU): selected by name (`--scenarios j`), never by default.
