@@ -16,6 +16,7 @@ from pathlib import Path
 
 from . import report, runner
 from .scenarios import SCENARIOS, select
+from .serve import stack
 
 
 def _trees(values: list[str]) -> dict[str, Path]:
@@ -47,13 +48,7 @@ def _meta(args: argparse.Namespace, wall: float | None) -> dict:
     meta = {"title": args.title, "command": portable_command(sys.argv),
             "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "python": platform.python_version()}
     try:
-        import torch
-        import triton
-
-        meta["torch"] = torch.__version__
-        meta["triton"] = triton.__version__
-        if torch.cuda.is_available():
-            meta["device"] = torch.cuda.get_device_name(0)
+        meta.update(stack())
     except ImportError:
         pass
     if args.bundle_note:

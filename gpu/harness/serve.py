@@ -47,20 +47,27 @@ def _say(obj: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def platform() -> dict[str, str]:
-    """What this engine runs on, for a benchmark's header: raw outputs kept in the repository must say the card
-    and the stack that made them (the GPU's name from torch, "cpu" without one)."""
-    import importlib
-
+def stack() -> dict[str, str]:
+    """The torch and Triton versions of this process and, where CUDA is there, the GPU's name (under "device")."""
     import torch
     import triton
+
+    found = {"torch": torch.__version__, "triton": triton.__version__}
+    if torch.cuda.is_available():
+        found["device"] = torch.cuda.get_device_name(0)
+    return found
+
+
+def platform() -> dict[str, str]:
+    """What this engine runs on, for a benchmark's header: raw outputs kept in the repository must say the card
+    and the stack that made them ("cpu" without a GPU)."""
+    import importlib
 
     try:
         vllm = getattr(importlib.import_module("vllm"), "__version__", "?")
     except ImportError:  # the controller's own process, or a test without vLLM
         vllm = "not importable"
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    return {"device": device, "torch": torch.__version__, "triton": triton.__version__, "vllm": vllm}
+    return {"device": "cpu", **stack(), "vllm": vllm}
 
 
 def _drafts(llm, sampling_params, workload: dict[str, Any], batch: int) -> dict[str, Any]:

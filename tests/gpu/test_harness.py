@@ -719,3 +719,17 @@ def test_the_users_geometry_model_writes_attention_at_the_dense_hybrid_s_gain():
 
     assert gain(users) == pytest.approx(gain(dense), rel=5e-3)
     assert users.std_of("model.layers.1.self_attn.q_proj.weight") == dense.std
+
+
+def test_a_report_names_the_stack_its_engines_ran_on_as_their_ready_messages_do():
+    import argparse
+
+    import torch
+    import triton
+
+    from harness.__main__ import _meta
+    from harness.serve import platform
+
+    meta = _meta(argparse.Namespace(title="t", bundle_note=None), None)
+    assert (meta["torch"], meta["triton"]) == (torch.__version__, triton.__version__)
+    assert meta.get("device", "cpu") == platform()["device"]
