@@ -47,10 +47,13 @@ def portable_command(argv: list[str]) -> str:
 def _meta(args: argparse.Namespace, wall: float | None) -> dict:
     meta = {"title": args.title, "command": portable_command(sys.argv),
             "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "python": platform.python_version()}
-    try:
-        meta.update(stack())
-    except ImportError:
-        pass
+    # Only the process that ran the engines knows their stack: `report` rewrites results brought back from a GPU
+    # host, where this process's torch and device are not theirs (the bundle note says what they ran on).
+    if getattr(args, "cmd", "run") == "run":
+        try:
+            meta.update(stack())
+        except ImportError:
+            pass
     if args.bundle_note:
         meta["bundle"] = args.bundle_note
     if wall is not None:

@@ -121,6 +121,16 @@ QWEN3_NEXT12_G6D256_MTP = ModelSpec(
             "max_position_embeddings": 16384},
     seed=1, std=0.02, mtp_layers=1, std_overrides=(O_PROJ_512,))
 
+# Llama 6's dense layers in the users' attention geometry (24/4 heads of 256; hidden 768, a multiple of the
+# head count, as newer transformers check), the output projection scaled
+# down as the hybrid's above (24 x 256 features where Llama 6 reads 4 x 128): a model without MoE layers, whose
+# kernel compiles at each new token count in the release too, so vLLM's JIT monitor in its error mode can hold
+# through a whole run.
+LLAMA6_G6D256 = ModelSpec(
+    name="llama6-g6d256-o", arch="llama",
+    config={**LLAMA6.config, "hidden_size": 768, "num_attention_heads": 24, "num_key_value_heads": 4, "head_dim": 256},
+    seed=1, std=0.03, std_overrides=(("self_attn.o_proj.weight", round(0.03 * (512 / 6144) ** 0.5, 5)),))
+
 # Llama-3.1-8B's shapes (32 layers, 32/8 heads of 128, 16 GB of bfloat16 weights), for memory figures only.
 LLAMA8B = ModelSpec(
     name="llama8b-shaped",
@@ -175,7 +185,8 @@ QWEN27B_SHAPED_256K_MTP = ModelSpec(
 )
 
 MODELS = {m.name: m for m in (LLAMA6, QWEN3_NEXT12, QWEN3_NEXT12_MTP, QWEN3_NEXT12_DENSE_MTP, QWEN3_NEXT12_G6D256_MTP,
-                              LLAMA28, LLAMA8B, QWEN27B_SHAPED_MTP, QWEN27B_SHAPED_8L_MTP, QWEN27B_SHAPED_256K_MTP)}
+                              LLAMA6_G6D256, LLAMA28, LLAMA8B, QWEN27B_SHAPED_MTP, QWEN27B_SHAPED_8L_MTP,
+                              QWEN27B_SHAPED_256K_MTP)}
 
 
 CAUSAL_LM = {"llama": "LlamaForCausalLM", "qwen3_next": "Qwen3NextForCausalLM"}

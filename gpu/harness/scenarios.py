@@ -14,6 +14,7 @@ from typing import Any
 
 from .models import (
     LLAMA6,
+    LLAMA6_G6D256,
     LLAMA8B,
     LLAMA28,
     QWEN3_NEXT12,
@@ -346,14 +347,14 @@ def _arrivals(preset: str, method: str) -> Scenario:
 CONSUMER_SMEM_ENV: tuple[tuple[str, str], ...] = (("VLLM_TURBOQUANT_MQ_MAX_SHARED_MEMORY", "101376"),)
 
 
-def _jit_strict(preset: str, method: str) -> Scenario:
+def _jit_strict(preset: str, method: str, model: ModelSpec = QWEN3_NEXT12_G6D256_MTP) -> Scenario:
     """No kernel compiled while serving: after a first request alone, 16 requests of different lengths arrive
     one or two an engine step (batches of 1 to 16 requests, whole prompts beside verify rows), then 12 at once,
     in the users' attention geometry on 99 KiB of shared memory a block. The engine under test runs with vLLM's
     JIT monitor in its error mode from the end of the first request (Engine.jit_strict): a kernel variant first
     met at some batch size (a split count, a K+1, a cache layout the route did not compile before serving)
-    fails the run and is named. Tokens judged by the forced oracle, as the arrivals scenario."""
-    model = QWEN3_NEXT12_G6D256_MTP
+    fails the run and is named. Tokens judged by the forced oracle, as the arrivals scenario. On the hybrid its
+    MoE layers' kernel compiles at new token counts (the release's too); ``LLAMA6_G6D256`` has none."""
     vocab = model.config["vocab_size"]
     sixteen = tuple(_prompt(120 + i, 40 + 9 * i, vocab, period=(4 + i % 5 if method == "ngram" else None))
                     for i in range(16))
@@ -366,9 +367,11 @@ def _jit_strict(preset: str, method: str) -> Scenario:
     # jit_monitor_verbose: each compile logged with its constexprs and signature (vLLM 0.25 and newer).
     test = _engine(model, workloads, speculative_config=spec, max_num_batched_tokens=512, jit_monitor_verbose=True,
                    **base)
+    hybrid = model.arch == "qwen3_next"
     return Scenario(
-        name=f"j-hybrid-g6d256-tq-{preset}-{method}3-jit",
-        title=f"Qwen3-Next hybrid (24/4 heads, head dim 256), TurboQuant {preset}, {method} k=3, "
+        name=f"j-{'hybrid' if hybrid else 'llama'}-g6d256-tq-{preset}-{method}3-jit",
+        title=f"{'Qwen3-Next hybrid' if hybrid else 'Llama 6 layers, no MoE'} (24/4 heads, head dim 256), "
+              f"TurboQuant {preset}, {method} k=3, "
               "FULL_AND_PIECEWISE, 99 KiB of shared memory a block, batches of 1 to 16 requests after a first "
               "request alone, vLLM's JIT monitor in error mode from then on, vs a plain decode forced along the "
               "same tokens",
@@ -739,7 +742,8 @@ TP2: tuple[Scenario, ...] = tuple(tensor_parallel(s) for s in (
 ))
 
 # No kernel compiled while serving (one GPU): selected by name (`--scenarios j`), never by default.
-JIT: tuple[Scenario, ...] = (_jit_strict("3bit_nc", "mtp"), _jit_strict("k8v4", "ngram"))
+JIT: tuple[Scenario, ...] = (_jit_strict("3bit_nc", "mtp"), _jit_strict("k8v4", "ngram"),
+                             *(_jit_strict(preset, "ngram", model=LLAMA6_G6D256) for preset in ("3bit_nc", "k8v4")))
 
 # Long contexts on a 24 GB card's budget (each engine alone on its GPU): selected by name (`--scenarios l24`).
 LONG_24GIB: tuple[Scenario, ...] = tuple(_long_context_24gib(preset, seqs) for preset in ("4bit_nc", "3bit_nc")

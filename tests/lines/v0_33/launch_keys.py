@@ -1,7 +1,8 @@
 """What a launch of the multi-query kernels would compile, without a GPU.
 
 ``record_launches(mod, monkeypatch)`` stands in for the three Triton kernels of the verify kernel file (the
-verify kernel, the merge of its splits, the query rotation): each launch the file's code makes
+verify kernel, the merge of its splits, the query rotation), or for the ``kernels`` named (the decode kernel
+file's two: ``DECODE_KERNELS``), into one ``recorder`` if given: each launch the file's code makes
 (``kernel[grid](...)`` and the compile-only ``kernel.warmup(..., grid=...)`` alike) is bound by Triton's own
 binder for a CUDA target (``create_function_from_signature``: the specialization the JIT computes at a launch:
 argument types, 16-byte divisibility, ints equal to 1, constexpr values, ``do_not_specialize``), and its compile
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 KERNELS = ("_tq_mq_verify_fwd", "_tq_mq_verify_reduce", "_tq_mq_rotate_queries")
+DECODE_KERNELS = ("_tq_decode_stage1", "_fwd_kernel_stage2")
 
 
 @dataclass(frozen=True)
@@ -57,15 +59,16 @@ class _Kernel:
         self[grid](*args, **kwargs)
 
 
-def record_launches(mod, monkeypatch, capability: int = 90) -> Recorder:
+def record_launches(mod, monkeypatch, capability: int = 90, kernels: tuple[str, ...] = KERNELS,
+                    recorder: Recorder | None = None) -> Recorder:
     """Replace mod's kernels by recorders binding for CUDA sm_<capability>; returns the record."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
     from triton.runtime.jit import JITFunction, create_function_from_signature
 
     backend = make_backend(GPUTarget("cuda", capability, 32))
-    recorder = Recorder()
-    for name in KERNELS:
+    recorder = Recorder() if recorder is None else recorder
+    for name in kernels:
         kernel = getattr(mod, name)
         # Interpreted (TRITON_INTERPRET=1) the decorator's arguments are kept aside; compiled, it is the JIT itself.
         jit = kernel if isinstance(kernel, JITFunction) else JITFunction(kernel.fn, **kernel.kwargs)

@@ -28,6 +28,8 @@
 
 from __future__ import annotations
 
+import inspect
+import itertools
 import json
 import logging
 import math
@@ -47,6 +49,7 @@ import vllm_tree
 from references import build_tq_cache, tq_verify_ref, tq_verify_rows
 
 VERIFY = "vllm/v1/attention/ops/triton_turboquant_verify.py"
+DECODE = "vllm/v1/attention/ops/triton_turboquant_decode.py"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 H100, RTX_3090, T4, MI300X = (232448, 90, False), (101376, 86, False), (65536, 75, False), (65536, 0, True)
 A100 = (166912, 80, False)
@@ -548,6 +551,64 @@ def test_serving_compiles_no_kernel_variant_the_route_did_not_probe(mq, on_a_gpu
     new = served - probed
     example = min(new, key=repr) if new else None
     assert not new, f"{len(new)} of {len(served)} variants serving launches were never probed, e.g. {example}"
+
+
+@pytest.mark.parametrize(("preset", "max_model_len"), [("k8v4", 4096), ("4bit_nc", 4100), ("3bit_nc", 4100)])
+def test_a_continuation_chunk_compiles_no_decode_variant_the_first_call_did_not(mq, on_a_gpu, v033_tree, monkeypatch,
+                                                                              caplog, preset, max_model_len):
+    """A prompt's continuation chunk of at most 128 tokens over its cached part (a chunked prompt, a prefix-cache
+    hit) runs the release's decode kernels, one query per row, from ``_prefill_attention``. The release's verify
+    batches take the same path, so its graph capture compiles them; the line's take the multi-query kernel, so
+    the layer's first call (``_compile_multi_query_variants``, inside the capture) compiles them without a launch.
+    Every chunk of 1 to 64 tokens, in rows of the scheduler's block table whose starts are 16-byte aligned or not
+    (257 blocks a request at 4100 tokens), launches only variants that call compiled (Triton's binder,
+    launch_keys.py): otherwise each compiles at the first such chunk while serving, under vLLM's JIT monitor."""
+    decode = vllm_tree.load_module(v033_tree, DECODE)
+    tq = tq_harness.load_backend(v033_tree)
+    assert tq.triton_turboquant_decode_attention.__globals__ is decode.__dict__
+    recorder = launch_keys.record_launches(mq, monkeypatch)
+    assert _route_with_host_probes(mq, on_a_gpu, monkeypatch, mq.TQMQLimits(*RTX_3090), preset)
+    launch_keys.record_launches(decode, monkeypatch, kernels=launch_keys.DECODE_KERNELS, recorder=recorder)
+    planned = mq._planned_tiles
+    monkeypatch.setattr(mq, "_planned_tiles", lambda device, *a: planned(torch.device("cuda", 0), *a))
+    lay = references.TQLayout.from_preset(f"turboquant_{preset}", 256)
+    impl = tq_harness.bare_impl(tq.TurboQuantAttentionImpl, HQ, HK, 256)
+    impl.tq_config = SimpleNamespace(key_mse_bits=lay.mse_bits, key_packed_size=lay.key_packed_size,
+                                     effective_value_quant_bits=lay.value_bits, key_fp8=lay.key_fp8,
+                                     norm_correction=lay.norm_correction, value_packed_size=None)
+    impl.max_num_kv_splits = 32
+    cache, table = _layer_cache(preset, 64), _block_table(4, max_model_len=max_model_len)
+    pit, centroids = torch.eye(256), torch.zeros(16)
+    # The layer's first call, given the batch's block table where the call compiles the continuation's variants.
+    first_call = impl._compile_multi_query_variants
+    given_table = (table,) if "block_table" in inspect.signature(first_call).parameters else ()
+    with caplog.at_level(logging.WARNING):
+        first_call(cache, *given_table, centroids, pit, torch.bfloat16)
+    assert "compiled ahead" not in caplog.text
+    compiled = recorder.keys()
+    recorder.launches.clear()
+
+    cached = 100
+    for chunk in (1, 2, 7, 64):
+        q_lens = [chunk] * 4
+        qsl = torch.tensor([0, *itertools.accumulate(q_lens)], dtype=torch.int32)
+        seq_lens = torch.tensor([cached + q for q in q_lens], dtype=torch.int32)
+        n = int(qsl[-1])
+        meta = tq.TurboQuantMetadata(seq_lens=seq_lens, slot_mapping=torch.zeros(n, dtype=torch.int64),
+                                     block_table=table, query_start_loc=qsl, num_actual_tokens=n,
+                                     max_query_len=chunk, max_seq_len=int(seq_lens.max()), is_prefill=True,
+                                     query_start_loc_cpu=qsl.clone(), seq_lens_cpu=seq_lens.clone())
+        query = torch.zeros(n, HQ, 256, dtype=torch.bfloat16)
+        kv = torch.zeros(n, HK, 256, dtype=torch.bfloat16)
+        impl._prefill_attention(query, kv, kv, cache, meta, pit, centroids, pit, layer=SimpleNamespace())
+    served = recorder.keys()
+    assert {launch.kernel for launch in served} == set(launch_keys.DECODE_KERNELS)
+    # One query: the row's own stride (257: not a multiple of 16); more: 0. Rows start aligned or not at 257.
+    assert len({launch for launch in served if launch.kernel == "_tq_decode_stage1"}) == (1 if max_model_len % 64
+                                                                                           == 0 else 4)
+    new = served - compiled
+    example = min(new, key=repr) if new else None
+    assert not new, f"{len(new)} of {len(served)} variants continuation chunks launch were not compiled, e.g. {example}"
 
 
 @pytest.mark.slow
