@@ -49,7 +49,7 @@ def _meta(args: argparse.Namespace, wall: float | None) -> dict:
             "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "python": platform.python_version()}
     # Only the process that ran the engines knows their stack: `report` rewrites results brought back from a GPU
     # host, where this process's torch and device are not theirs (the bundle note says what they ran on).
-    if getattr(args, "cmd", "run") == "run":
+    if args.cmd == "run":
         try:
             meta.update(stack())
         except ImportError:

@@ -121,11 +121,10 @@ QWEN3_NEXT12_G6D256_MTP = ModelSpec(
             "max_position_embeddings": 16384},
     seed=1, std=0.02, mtp_layers=1, std_overrides=(O_PROJ_512,))
 
-# Llama 6's dense layers in the users' attention geometry (24/4 heads of 256; hidden 768, a multiple of the
-# head count, as newer transformers check), the output projection scaled
-# down as the hybrid's above (24 x 256 features where Llama 6 reads 4 x 128): a model without MoE layers, whose
-# kernel compiles at each new token count in the release too, so vLLM's JIT monitor in its error mode can hold
-# through a whole run.
+# Llama 6's dense layers in the users' attention geometry (24/4 heads of 256; hidden 768, a multiple of the head
+# count, as newer transformers check), the output projection scaled down as the hybrid's above (24 x 256 features
+# where Llama 6 reads 4 x 128): a model without MoE layers (whose kernel compiles at each new token count in the
+# release too), so vLLM's JIT monitor in its error mode can hold through a whole run.
 LLAMA6_G6D256 = ModelSpec(
     name="llama6-g6d256-o", arch="llama",
     config={**LLAMA6.config, "hidden_size": 768, "num_attention_heads": 24, "num_key_value_heads": 4, "head_dim": 256},
